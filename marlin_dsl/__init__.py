@@ -1,0 +1,49 @@
+"""marlin-dsl: a compiler for quantized and sparse GEMM kernels.
+
+Formats are declared as data (`marlin_dsl.formats`); packing, unpacking, reference
+dequantisation and validation are derived from the description.
+"""
+from .api import (
+    pack,
+    pack_fp4_2of4_weights,
+    pack_fp4_blockpattern_weights,
+    pack_fp4_weights,
+    pack_int4_2of4_weights,
+    pack_int4_weights,
+    pack_nf4_weights,
+    pack_uint4_zp_weights,
+)
+from .errors import FormatError, MarlinDSLError, ShapeError, SpecError, ValueRangeError
+from .formats import (
+    BlockPatternSparsity,
+    FloatEncoding,
+    Format,
+    GroupScale,
+    IntEncoding,
+    NMSparsity,
+    PackedWeights,
+    Packing,
+    QuantizedWeights,
+    TableEncoding,
+    ZeroPoint,
+    dequantize,
+    pack_codes,
+    prune,
+    quantize,
+    reference_matmul,
+    unpack,
+    validate,
+)
+from .formats.builtin import BUILTIN_FORMATS, builtin_format
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
+    "GroupScale", "IntEncoding", "MarlinDSLError", "NMSparsity", "PackedWeights", "Packing",
+    "QuantizedWeights", "ShapeError", "SpecError", "TableEncoding", "ValueRangeError",
+    "ZeroPoint", "builtin_format", "dequantize", "pack", "pack_codes", "pack_fp4_2of4_weights",
+    "pack_fp4_blockpattern_weights", "pack_fp4_weights", "pack_int4_2of4_weights",
+    "pack_int4_weights", "pack_nf4_weights", "pack_uint4_zp_weights", "prune", "quantize",
+    "reference_matmul", "unpack", "validate",
+]

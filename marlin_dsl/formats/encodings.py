@@ -1,0 +1,185 @@
+"""Element encodings: how an n-bit code maps to a real number, described as data.
+
+Each encoding derives its full value table (`table()`, float64, indexed by code) from
+its fields. The table is the reference semantics; the fields are what a target uses to
+derive an in-kernel decode (bit fields for floats, a magic-number subtract for
+integers, a constant lookup for value tables).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from ..errors import FormatError, SourceLocation
+from ..source import caller_location
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """Base of all element encodings: `bits` wide codes, decoded through a table."""
+
+    bits: int
+    location: SourceLocation | None = field(
+        default=None, compare=False, repr=False, kw_only=True
+    )
+
+    def __post_init__(self) -> None:
+        if self.location is None:
+            object.__setattr__(self, "location", caller_location())
+        if not isinstance(self.bits, int) or not 1 <= self.bits <= 8:
+            raise FormatError(
+                f"{type(self).__name__}: bits must be an integer in 1..8, got {self.bits!r}",
+                self.location,
+            )
+
+    @property
+    def kind(self) -> str:
+        raise NotImplementedError
+
+    def table(self) -> np.ndarray:
+        """Decoded value of every code, float64, shape [2**bits]."""
+        return self._table.copy()
+
+    @cached_property
+    def _table(self) -> np.ndarray:
+        values = self._compute_table()
+        values.setflags(write=False)
+        return values
+
+    def _compute_table(self) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def is_integer_grid(self) -> bool:
+        """True when decoded values are consecutive integers (needed for zero points)."""
+        t = np.unique(self._table)
+        return bool(np.all(t == np.round(t)) and np.all(np.diff(t) == 1) and t.size == 2**self.bits)
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FloatEncoding(Encoding):
+    """A minifloat: [sign][exponent][mantissa], IEEE-style with subnormals, no inf/NaN.
+
+    FP4 E2M1 (seed 002) is `FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1)`: the sign
+    is bit 3, exponent 0 is subnormal (value = M * 2**(1-bias) / 2**man_bits).
+    """
+
+    exp_bits: int = 2
+    man_bits: int = 1
+    bias: int = 1
+    signed: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        width = self.exp_bits + self.man_bits + (1 if self.signed else 0)
+        if self.exp_bits < 1 or self.man_bits < 0 or width != self.bits:
+            raise FormatError(
+                f"FloatEncoding: sign({int(self.signed)}) + exp_bits({self.exp_bits}) + "
+                f"man_bits({self.man_bits}) must equal bits({self.bits})",
+                self.location,
+            )
+
+    @property
+    def kind(self) -> str:
+        return "float"
+
+    @property
+    def sign_bit(self) -> int | None:
+        return self.exp_bits + self.man_bits if self.signed else None
+
+    def _compute_table(self) -> np.ndarray:
+        codes = np.arange(2**self.bits, dtype=np.int64)
+        mantissa = (codes & ((1 << self.man_bits) - 1)).astype(np.float64)
+        exponent = (codes >> self.man_bits) & ((1 << self.exp_bits) - 1)
+        frac = mantissa / float(1 << self.man_bits)
+        normal = np.ldexp(1.0 + frac, (exponent - self.bias).astype(np.int32))
+        subnormal = np.ldexp(frac, 1 - self.bias)
+        magnitude = np.where(exponent == 0, subnormal, normal)
+        if self.signed:
+            negative = (codes >> (self.exp_bits + self.man_bits)) & 1
+            return np.where(negative == 1, -magnitude, magnitude)
+        return magnitude
+
+    def describe(self) -> str:
+        sign = "S1" if self.signed else "S0"
+        return f"float {sign}E{self.exp_bits}M{self.man_bits} bias {self.bias}"
+
+
+@dataclass(frozen=True)
+class IntEncoding(Encoding):
+    """An integer code with an offset: value = code - offset.
+
+    Unsigned INT4 is `IntEncoding(4)` (values 0..15, normally used with zero points);
+    signed INT4 as offset binary is `IntEncoding(4, offset=8)` (stored = actual + 8).
+    """
+
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.offset < 2**self.bits:
+            raise FormatError(
+                f"IntEncoding: offset must be in 0..{2**self.bits - 1}, got {self.offset}",
+                self.location,
+            )
+
+    @property
+    def kind(self) -> str:
+        return "int"
+
+    def _compute_table(self) -> np.ndarray:
+        return np.arange(2**self.bits, dtype=np.float64) - self.offset
+
+    def describe(self) -> str:
+        return f"int{self.bits}" + (f" offset {self.offset}" if self.offset else "")
+
+
+@dataclass(frozen=True)
+class TableEncoding(Encoding):
+    """Codes index an explicit value table (non-uniform formats such as NF4)."""
+
+    values: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "values", tuple(float(v) for v in self.values))
+        if len(self.values) != 2**self.bits:
+            raise FormatError(
+                f"TableEncoding: needs exactly 2**bits = {2**self.bits} values, "
+                f"got {len(self.values)}",
+                self.location,
+            )
+        if not all(np.isfinite(self.values)):
+            raise FormatError("TableEncoding: values must be finite", self.location)
+
+    @property
+    def kind(self) -> str:
+        return "table"
+
+    def _compute_table(self) -> np.ndarray:
+        return np.array(self.values, dtype=np.float64)
+
+    def describe(self) -> str:
+        return f"table{self.bits}"
+
+
+def nearest_codes(encoding: Encoding, scaled: np.ndarray) -> np.ndarray:
+    """Round each element of `scaled` to the code whose table value is nearest.
+
+    Exact ties go to the lower value. Equal table values (such as +0 and -0 in a signed
+    float) map to the smallest code, so 0.0 always becomes the canonical zero code.
+    """
+    table = encoding._table
+    # Stable sort: among equal values the smallest code comes first.
+    order = np.argsort(table, kind="stable")
+    sorted_values = table[order]
+    unique_values, first = np.unique(sorted_values, return_index=True)
+    unique_codes = order[first].astype(np.uint8)
+    midpoints = (unique_values[1:] + unique_values[:-1]) / 2.0
+    index = np.searchsorted(midpoints, scaled, side="left")
+    return unique_codes[index]

@@ -1,0 +1,85 @@
+"""The two states of a weight: logical codes (`QuantizedWeights`) and packed arrays
+(`PackedWeights`), plus argument checking shared by the operations on them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShapeError, ValueRangeError
+from .format import Format
+
+
+@dataclass
+class QuantizedWeights:
+    """Unpacked, logical form of a quantised weight.
+
+    codes:  [K, N] uint8, one code per dense position (0 at positions pruned away).
+    scales: [K/G, N] float16.
+    zeros:  [K/G, N] zero points (dtype from the format) or None.
+    keep:   [K, N] bool for N:M formats (True where a value is stored), else None.
+    """
+
+    format: Format
+    codes: np.ndarray
+    scales: np.ndarray
+    zeros: np.ndarray | None = None
+    keep: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)  # type: ignore[return-value]
+
+
+@dataclass
+class PackedWeights:
+    """Packed arrays of a [K, N] weight, named as `Format.buffers` lists them.
+
+    `layout` names the physical layout: "linear" is the target-independent layout the format
+    describes (seed 000/002); targets may choose another at pack time.
+    """
+
+    format: Format
+    shape: tuple[int, int]
+    arrays: dict[str, np.ndarray]
+    layout: str = "linear"
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays.values())
+
+
+def check_float_matrix(value: object, argument: str) -> np.ndarray:
+    """A finite, 2-D floating array, or a ValueError that names the argument and index."""
+    array = np.asarray(value)
+    if array.ndim != 2:
+        raise ShapeError(f"{argument}: expected a 2-D [K, N] array, got rank {array.ndim} "
+                         f"with shape {tuple(array.shape)}")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ShapeError(f"{argument}: expected a floating-point array, got dtype {array.dtype}")
+    finite = np.isfinite(array)
+    if not finite.all():
+        bad = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueRangeError(f"{argument}: non-finite value {array[bad]} at index {bad}")
+    return array
+
+
+def check_array(array: object, argument: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array with exactly this shape and dtype, or a ShapeError naming the argument."""
+    if not isinstance(array, np.ndarray):
+        raise ShapeError(f"{argument}: expected a numpy array, got {type(array).__name__}")
+    if array.ndim != len(shape):
+        raise ShapeError(f"{argument}: expected rank {len(shape)} with shape {shape}, "
+                         f"got rank {array.ndim} with shape {array.shape}")
+    if tuple(array.shape) != tuple(shape):
+        raise ShapeError(f"{argument}: expected shape {shape}, got {array.shape}")
+    if array.dtype != dtype:
+        raise ShapeError(f"{argument}: expected dtype {dtype}, got {array.dtype}")
+    return array
+
+
+def first_index(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
