@@ -1,7 +1,9 @@
 """marlin-dsl: a compiler for quantized and sparse GEMM kernels.
 
 Formats are declared as data (`marlin_dsl.formats`); packing, unpacking, reference
-dequantisation and validation are derived from the description.
+dequantisation and validation are derived from the description. A `Gemm` pairs a format with a
+`Schedule`; `marlin_dsl.lowering` lowers it to kernel IR (`marlin_dsl.ir`), `marlin_dsl.passes`
+transforms it.
 """
 from .api import (
     pack,
@@ -35,11 +37,14 @@ from .formats import (
     validate,
 )
 from .formats.builtin import BUILTIN_FORMATS, builtin_format
+from .schedule import DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel
+from .targets import CUDA, METAL, TARGETS, Target
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
+    "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Schedule", "StripedKParallel",
+    "TARGETS", "Target", "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
     "GroupScale", "IntEncoding", "MarlinDSLError", "NMSparsity", "PackedWeights", "Packing",
     "QuantizedWeights", "ShapeError", "SpecError", "TableEncoding", "ValueRangeError",
     "ZeroPoint", "builtin_format", "dequantize", "pack", "pack_codes", "pack_fp4_2of4_weights",

@@ -43,3 +43,11 @@ class ValueRangeError(MarlinDSLError):
 
 class SpecError(MarlinDSLError):
     """A spec file cannot be loaded or declares nothing usable."""
+
+
+class ScheduleError(MarlinDSLError):
+    """A schedule cannot work for its format or target (raised at the schedule's spec line)."""
+
+
+class CompileError(MarlinDSLError):
+    """A kernel exceeds a target limit (threadgroup memory, threads) or cannot be lowered."""

@@ -45,14 +45,18 @@ def pack_bits(fields: np.ndarray, bits: int, word_bits: int = 32) -> np.ndarray:
 
 
 def unpack_bits(words: np.ndarray, bits: int, word_bits: int = 32) -> np.ndarray:
-    """Inverse of `pack_bits`: [W, N] words -> [W*word_bits/bits, N] uint8 fields."""
+    """Inverse of `pack_bits`: [W, N] words -> [W*word_bits/bits, N] fields, uint8 for fields
+    of up to 8 bits (element codes), else the smallest unsigned type that holds them (wide
+    N:M metadata fields such as 3:8's 9 bits)."""
+    assert bits <= word_bits, f"{bits}-bit fields do not fit {word_bits}-bit words"
     dtype = WORD_DTYPES[word_bits]
+    field_dtype = next(WORD_DTYPES[w] for w in sorted(WORD_DTYPES) if bits <= w)
     per_group = fields_per_group(bits, word_bits)
     words_per_group = per_group * bits // word_bits
     rows, cols = words.shape
     grouped = words.reshape(rows // words_per_group, words_per_group, cols)
     mask = dtype((1 << bits) - 1)
-    out = np.empty((rows // words_per_group, per_group, cols), dtype=np.uint8)
+    out = np.empty((rows // words_per_group, per_group, cols), dtype=field_dtype)
     for i in range(per_group):
         word, shift = divmod(i * bits, word_bits)
         value = grouped[:, word, :] >> dtype(shift)

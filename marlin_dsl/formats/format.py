@@ -109,6 +109,13 @@ class Format:
             )
         if self.element.bits > self.packing.word_bits:
             raise FormatError(f"format {self.name!r}: codes wider than a packing word", where)
+        if isinstance(self.sparsity, NMSparsity) and self.sparsity.meta_bits > self.packing.word_bits:
+            raise FormatError(
+                f"format {self.name!r}: {self.sparsity.describe()} metadata fields of "
+                f"{self.sparsity.meta_bits} bits are wider than a {self.packing.word_bits}-bit "
+                f"packing word",
+                self.sparsity.location or where,
+            )
         g = self.scale.group_size
         if g != PER_COLUMN and g % self.k_granule != 0:
             raise FormatError(

@@ -4,10 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError, ValueRangeError
-from .bitstream import pack_bits, unpack_bits
+from .bitstream import WORD_DTYPES, pack_bits, unpack_bits
+from .chunking import BLOCK_ELEMENTS
 from .format import Format
-from .prune import kept_chunk_positions
-from .reference import dequantize
+from .prune import MAX_COMPARED_CHUNKS, first_kept_positions, kept_chunk_positions
+from .reference import dequantized_nonzero
 from .sparsity import BlockPatternSparsity, NMSparsity
 from .tensors import PackedWeights, QuantizedWeights, check_array, first_index
 
@@ -31,9 +32,9 @@ def pack_codes(weights: QuantizedWeights) -> PackedWeights:
                 f"weights: format {fmt.name!r} is {sp.describe()} sparse; prune() the weights "
                 "before packing (keep mask is missing)"
             )
-        positions = kept_chunk_positions(weights.keep, sp)  # [B, n, N]
+        positions = _kept_positions(weights.keep, sp)  # [B, n, N]
         chunks = weights.codes.reshape(k // sp.block_k, sp.m, sp.chunk, n)
-        kept = np.take_along_axis(chunks, positions[:, :, None, :], axis=1)
+        kept = _take_chunks(chunks, positions)
         arrays["qweight"] = pack_bits(kept.reshape(-1, n), bits, word)
     else:
         arrays["qweight"] = pack_bits(weights.codes, bits, word)
@@ -41,12 +42,56 @@ def pack_codes(weights: QuantizedWeights) -> PackedWeights:
     if fmt.zero_point is not None:
         arrays["zeros"] = weights.zeros
     if isinstance(sp, NMSparsity):
-        shifts = (np.arange(sp.n) * sp.index_bits)[None, :, None]
-        fields = (positions.astype(np.int64) << shifts).sum(axis=1)
-        arrays["meta"] = pack_bits(fields, sp.meta_bits, word)
+        arrays["meta"] = pack_bits(_metadata_fields(positions, sp), sp.meta_bits, word)
     elif isinstance(sp, BlockPatternSparsity):
-        arrays["patterns"] = block_patterns(fmt, dequantize(weights) != 0)
+        arrays["patterns"] = block_patterns(fmt, dequantized_nonzero(weights))
     return PackedWeights(fmt, (k, n), arrays)
+
+
+def _kept_positions(keep: np.ndarray, sp: NMSparsity) -> np.ndarray:
+    """[K, N] keep mask (exactly n whole chunks a block, checked) -> [B, n, N] increasing
+    positions of the kept chunks: `kept_chunk_positions`, in uint8 where m allows."""
+    k, n = keep.shape
+    chunks = keep.reshape(k // sp.block_k, sp.m, sp.chunk, n)[:, :, 0, :]
+    positions = first_kept_positions(chunks, sp.n)
+    return kept_chunk_positions(keep, sp) if positions is None else positions
+
+
+def _take_chunks(chunks: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """[B, m, c, N] uint8 codes, [B, n, N] positions (each below m) -> [B, n, c, N] codes of
+    those chunks: np.take_along_axis(chunks, positions[:, :, None, :], axis=1).
+
+    For small m, each kept slot starts as chunk 0 and takes chunk p where its position is p,
+    as a branch-free bitwise select on cache-sized runs of blocks; far faster than the
+    gather through [B, n, c, N] int64 indices that take_along_axis builds.
+    """
+    blocks, m, chunk, cols = chunks.shape
+    slots = positions.shape[1]
+    if m > MAX_COMPARED_CHUNKS:
+        return np.take_along_axis(chunks, positions[:, :, None, :], axis=1)
+    kept = np.empty((blocks, slots, chunk, cols), dtype=chunks.dtype)
+    run = max(1, BLOCK_ELEMENTS // (m * chunk * cols))
+    for b0 in range(0, blocks, run):
+        source, place, out = chunks[b0:b0 + run], positions[b0:b0 + run], kept[b0:b0 + run]
+        for s in range(slots):
+            slot = out[:, s]
+            slot[...] = source[:, 0]
+            for p in range(1, m):
+                # slot ^= (slot ^ chunk p) & (0xFF where the position is p, else 0)
+                select = (place[:, s] == p).view(np.uint8)[:, None, :] * np.uint8(0xFF)
+                slot ^= (slot ^ source[:, p]) & select
+    return kept
+
+
+def _metadata_fields(positions: np.ndarray, sp: NMSparsity) -> np.ndarray:
+    """[B, n, N] kept positions -> [B, N] metadata fields sum(p_i << (i * index_bits)) (an OR:
+    each p_i < m <= 2**index_bits has its own bits), in the smallest unsigned type that holds
+    meta_bits bits; pack_bits converts them to words, so the type changes no word."""
+    dtype = next((WORD_DTYPES[w] for w in sorted(WORD_DTYPES) if sp.meta_bits <= w), np.int64)
+    fields = np.zeros((positions.shape[0], positions.shape[2]), dtype=dtype)
+    for i in range(sp.n):
+        fields |= positions[:, i].astype(dtype) << dtype(i * sp.index_bits)
+    return fields
 
 
 def unpack(packed: PackedWeights) -> QuantizedWeights:
@@ -101,7 +146,7 @@ def _check_logical(weights: QuantizedWeights) -> None:
     k, n = weights.codes.shape
     groups = fmt.scale.groups(k)
     check_array(weights.codes, "weights.codes", (k, n), np.dtype(np.uint8))
-    if (weights.codes >> fmt.element.bits).any():
+    if int(weights.codes.max()) >> fmt.element.bits:  # uint8 (checked): some code >= 2**bits
         bad = first_index(weights.codes >> fmt.element.bits != 0)
         raise ValueRangeError(
             f"weights.codes{bad} = {weights.codes[bad]} does not fit in {fmt.element.bits} bits"
@@ -116,10 +161,13 @@ def _check_logical(weights: QuantizedWeights) -> None:
         sp = fmt.sparsity
         if isinstance(sp, NMSparsity):
             chunks = weights.keep.reshape(k // sp.block_k, sp.m, sp.chunk, n)
-            per_chunk_uniform = (chunks == chunks[:, :, :1, :]).all(axis=2)
-            counts = chunks[:, :, 0, :].sum(axis=1)
-            if not per_chunk_uniform.all() or (counts != sp.n).any():
-                bad = first_index((counts != sp.n) | ~per_chunk_uniform.all(axis=1))
+            counts = chunks[:, :, 0, :].sum(axis=1, dtype=np.uint16)  # m <= 256
+            wrong = counts != sp.n
+            if sp.chunk > 1:  # (a chunk of one position is always uniform)
+                per_chunk_uniform = (chunks == chunks[:, :, :1, :]).all(axis=2)
+                wrong |= ~per_chunk_uniform.all(axis=1)
+            if wrong.any():
+                bad = first_index(wrong)
                 raise ValueRangeError(
                     f"weights.keep: block {bad[0]} of column {bad[1]} does not keep exactly "
                     f"{sp.n} of {sp.m} whole chunks"

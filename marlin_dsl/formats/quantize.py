@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ValueRangeError
-from .encodings import nearest_codes
+from .chunking import block_rows, row_blocks
+from .encodings import nearest_codes_into
 from .format import Format
 from .tensors import QuantizedWeights, check_float_matrix
 
@@ -19,20 +20,27 @@ def quantize(fmt: Format, weights: object) -> QuantizedWeights:
     max(w, 0)] so that 0.0 is exactly representable. Each element then rounds to the
     nearest representable value, so |dequantize - w| is at most half a quantisation step.
     Sparsity is not applied here: see `prune`.
+
+    All arithmetic is float64 on the weights converted to float64 (exactly, for float16/32/64
+    input); it runs block by block, without a float64 copy of the whole weight.
     """
-    w = check_float_matrix(weights, "weights").astype(np.float64)
+    w = check_float_matrix(weights, "weights")
+    if w.dtype.itemsize > 8:  # long double: round to float64 once, as every value is used
+        w = w.astype(np.float64)
     k, n = w.shape
     fmt.check_shape(k, n)
     g = fmt.group_size_for(k)
     grouped = w.reshape(k // g, g, n)
     table = fmt.element.table()
-    group_max = grouped.max(axis=1)
-    group_min = grouped.min(axis=1)
+    # Converting to float64 is exact and preserves order, so the group extremes of the input
+    # converted are those of its float64 copy.
+    group_max = grouped.max(axis=1).astype(np.float64)
+    group_min = grouped.min(axis=1).astype(np.float64)
 
     if fmt.zero_point is None:
         scale = _symmetric_scale(fmt, w, group_max, group_min, table)
         scale16 = _to_f16_at_least(scale, fmt)
-        codes = nearest_codes(fmt.element, grouped / scale16.astype(np.float64)[:, None, :])
+        codes = _round_to_codes(fmt, w, g, scale16.astype(np.float64), None)
         zeros = None
     else:
         lo, hi = float(table.min()), float(table.max())
@@ -42,10 +50,30 @@ def quantize(fmt: Format, weights: object) -> QuantizedWeights:
         scale16 = _to_f16_at_least(scale, fmt)
         s = scale16.astype(np.float64)
         zero = np.clip(lo - np.rint(bottom / s), lo, hi)
-        levels = np.clip(np.rint(grouped / s[:, None, :]) + zero[:, None, :], lo, hi)
-        codes = nearest_codes(fmt.element, levels)
+        codes = _round_to_codes(fmt, w, g, s, (zero, lo, hi))
         zeros = zero.astype(fmt.zero_point.numpy_dtype)
-    return QuantizedWeights(fmt, codes.reshape(k, n), scale16, zeros)
+    return QuantizedWeights(fmt, codes, scale16, zeros)
+
+
+def _round_to_codes(fmt: Format, w: np.ndarray, g: int, s: np.ndarray,
+                    affine: tuple[np.ndarray, float, float] | None) -> np.ndarray:
+    """[K, N] codes of w with float64 group scales s [K/G, N]: without zero points the code
+    nearest w / s; with `affine` = (zero [K/G, N], lo, hi) the code of the level
+    clip(rint(w / s) + zero, lo, hi). Computed over cache-sized blocks of rows, with the same
+    float64 operations, element by element, as on whole [K/G, G, N] arrays."""
+    k, n = w.shape
+    codes = np.empty((k, n), dtype=np.uint8)
+    scratch = np.empty((block_rows(n, g), n), dtype=np.float64)
+    for r0, r1, group in row_blocks(k, n, g):
+        x = scratch[: r1 - r0]
+        np.divide(w[r0:r1], s[group], out=x)  # float64: the input converts exactly
+        if affine is not None:
+            zero, lo, hi = affine
+            np.rint(x, out=x)
+            np.add(x, zero[group], out=x)
+            np.clip(x, lo, hi, out=x)
+        nearest_codes_into(fmt.element, x, codes[r0:r1])
+    return codes
 
 
 def _symmetric_scale(fmt: Format, w: np.ndarray, group_max: np.ndarray,
@@ -55,12 +83,13 @@ def _symmetric_scale(fmt: Format, w: np.ndarray, group_max: np.ndarray,
         bad = tuple(int(i) for i in np.argwhere(w < 0)[0])
         raise ValueRangeError(
             f"weights: format {fmt.name!r} ({fmt.element.describe()}) has no negative values "
-            f"and no zero point, but weights{bad} = {w[bad]} is negative"
+            f"and no zero point, but weights{bad} = {np.float64(w[bad])} is negative"
         )
     if t_max <= 0 and (group_max > 0).any():
         bad = tuple(int(i) for i in np.argwhere(w > 0)[0])
         raise ValueRangeError(
-            f"weights: format {fmt.name!r} has no positive values, but weights{bad} = {w[bad]}"
+            f"weights: format {fmt.name!r} has no positive values, but weights{bad} = "
+            f"{np.float64(w[bad])}"
         )
     scale = np.zeros_like(group_max)
     if t_max > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
+from .chunking import block_rows, row_blocks
 from .tensors import PackedWeights, QuantizedWeights, check_float_matrix
 
 
@@ -17,6 +18,18 @@ def dequantize(weights: QuantizedWeights | PackedWeights) -> np.ndarray:
         from .layout import unpack
 
         weights = unpack(weights)
+    if not blockwise_ok(weights):
+        return _dequantize_whole(weights)
+    k, n = weights.codes.shape
+    out = np.empty((k, n), dtype=np.float64)
+    for r0, r1, _ in row_blocks(k, n, weights.format.group_size_for(k)):
+        dequantize_rows(weights, r0, r1, out[r0:r1])
+    return out
+
+
+def _dequantize_whole(weights: QuantizedWeights) -> np.ndarray:
+    """`dequantize` on whole arrays: the definition, used as is for inputs `blockwise_ok`
+    does not accept (other dtypes or shapes, where numpy's broadcasting rules apply)."""
     fmt = weights.format
     k, n = weights.codes.shape
     g = fmt.group_size_for(k)
@@ -27,6 +40,57 @@ def dequantize(weights: QuantizedWeights | PackedWeights) -> np.ndarray:
     if weights.keep is not None:
         values = np.where(weights.keep, values, 0.0)
     return values
+
+
+def blockwise_ok(weights: QuantizedWeights) -> bool:
+    """True when `dequantize_rows` gives exactly the rows of `_dequantize_whole`: uint8 codes
+    [K, N] that index the table, real scales (and zero points) [K/G, N], a bool keep mask."""
+    fmt = weights.format
+    codes, scales, zeros, keep = weights.codes, weights.scales, weights.zeros, weights.keep
+
+    def real_matrix(a: object, shape: tuple[int, int]) -> bool:
+        return (isinstance(a, np.ndarray) and a.shape == shape and a.dtype.kind in "fiu"
+                and a.dtype.itemsize <= 8)
+
+    if not (isinstance(codes, np.ndarray) and codes.ndim == 2 and codes.dtype == np.uint8):
+        return False
+    k, n = codes.shape
+    g = fmt.group_size_for(k)
+    if k == 0 or n == 0 or k % g:
+        return False
+    groups = (k // g, n)
+    return (real_matrix(scales, groups) and (zeros is None or real_matrix(zeros, groups))
+            and (keep is None or (isinstance(keep, np.ndarray) and keep.shape == (k, n)
+                                  and keep.dtype == np.bool_))
+            and int(codes.max()) < 2**fmt.element.bits)
+
+
+def dequantize_rows(weights: QuantizedWeights, r0: int, r1: int, out: np.ndarray) -> None:
+    """out[...] = dequantize(weights)[r0:r1], for rows r0..r1-1 of one scale group and
+    weights that `blockwise_ok` accepts: the same float64 operations, element by element."""
+    group = r0 // weights.format.group_size_for(weights.codes.shape[0])
+    # Every code is below the table's length (checked), so "clip" never clips; unlike the
+    # default mode it writes `out` directly.
+    np.take(weights.format.element._table, weights.codes[r0:r1], out=out, mode="clip")
+    if weights.zeros is not None:
+        np.subtract(out, weights.zeros[group].astype(np.float64), out=out)
+    np.multiply(out, weights.scales[group].astype(np.float64), out=out)
+    if weights.keep is not None:
+        np.copyto(out, 0.0, where=~weights.keep[r0:r1])
+
+
+def dequantized_nonzero(weights: QuantizedWeights) -> np.ndarray:
+    """dequantize(weights) != 0, [K, N] bool, without the float64 [K, N] array."""
+    if not blockwise_ok(weights):
+        return dequantize(weights) != 0
+    k, n = weights.codes.shape
+    g = weights.format.group_size_for(k)
+    nonzero = np.empty((k, n), dtype=bool)
+    values = np.empty((block_rows(n, g), n), dtype=np.float64)
+    for r0, r1, _ in row_blocks(k, n, g):
+        dequantize_rows(weights, r0, r1, values[: r1 - r0])
+        np.not_equal(values[: r1 - r0], 0.0, out=nonzero[r0:r1])
+    return nonzero
 
 
 def reference_matmul(x: object, weights: QuantizedWeights | PackedWeights) -> np.ndarray:

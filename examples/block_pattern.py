@@ -1,0 +1,19 @@
+"""FP4 with seed 003's block patterns: one byte per 8 K positions x 32 columns marks which K
+positions hold any non-zero, so a kernel skips empty ones: it does not load a weight word
+whose patterns are all empty, and decodes only the `count` positions listed in the
+(count, offsets) table, dispatched on count into unrolled copies by the specialise pass.
+
+Only clustered zeros (pruned channels, ReLU-like structure) make bytes other than 0xFF: an
+unstructured 50%-sparse matrix has essentially no empty K position across 32 columns.
+"""
+from marlin_dsl import BlockPatternSparsity, DoubleBuffered, FloatEncoding, Format, Gemm, GroupScale, Schedule
+
+fp4_blocks_g128 = Format(
+    "fp4_blocks_g128",
+    FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1),
+    GroupScale(128),
+    sparsity=BlockPatternSparsity(block_k=8, block_n=32),
+    doc="FP4 with 8x32 block patterns, group 128",
+)
+
+fp4_blocks_db = Gemm("fp4_blocks_g128_db", fp4_blocks_g128, Schedule("db_64x64x32", pipeline=DoubleBuffered()))

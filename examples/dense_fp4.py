@@ -1,0 +1,21 @@
+"""Dense FP4 E2M1 weights with fp16 scales per group of 128 K positions (seed 002), with
+one kernel per pipeline kind of seed 002."""
+from marlin_dsl import (
+    DoubleBuffered, FloatEncoding, Format, FusedDequant, Gemm, GroupScale, Schedule, StripedKParallel,
+)
+
+E2M1 = FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1)
+
+fp4_g128 = Format("fp4_g128", E2M1, GroupScale(128), doc="dense FP4, group 128")
+
+# Seed 002's tile: 64x64 outputs, K steps of 32, 4 simdgroups as 2x2, each owning 32x32.
+double_buffered = Schedule("db_64x64x32", tile_m=64, tile_n=64, tile_k=32, warps_m=2, warps_n=2,
+                           pipeline=DoubleBuffered())
+fused = Schedule("fused_64x64x32", tile_m=64, tile_n=64, tile_k=32, warps_m=2, warps_n=2,
+                 pipeline=FusedDequant())
+striped = Schedule("striped_64x64x32_p4", tile_m=64, tile_n=64, tile_k=32, warps_m=2, warps_n=2,
+                   pipeline=StripedKParallel(parallel=4, groups=16))
+
+fp4_db = Gemm("fp4_g128_db", fp4_g128, double_buffered)
+fp4_fused = Gemm("fp4_g128_fused", fp4_g128, fused)
+fp4_striped = Gemm("fp4_g128_striped", fp4_g128, striped)

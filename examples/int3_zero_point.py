@@ -1,0 +1,18 @@
+"""INT3 weights with per-group integer zero points, group size 32 (not a built-in format).
+
+Each weight is an unsigned 3-bit code 0..7 and dequantises as (code - zero) * scale, with one
+fp16 scale and one u8 zero point per 32 consecutive K positions and column ([K/32, N] each).
+Codes are packed along K as one continuous LSB-first bit stream in uint32 words: 32 codes
+take 96 bits = 3 words, and codes 10 and 21 straddle a word boundary (code 10 uses bits
+[31:30] of word 0 and bit [0] of word 1; code 21 uses bit [31] of word 1 and bits [1:0] of
+word 2). The packed codes are [3*K/32, N] uint32.
+"""
+from marlin_dsl import Format, GroupScale, IntEncoding, ZeroPoint
+
+int3_zp = Format(
+    "int3_zp",
+    IntEncoding(bits=3),  # codes 0..7, an integer grid, so zero points apply
+    GroupScale(32),
+    ZeroPoint("u8"),  # value = (code - zero) * scale
+    doc="unsigned INT3 with u8 zero points, group 32, 3-bit bit-stream packing",
+)

@@ -1,0 +1,23 @@
+"""INT4 weights: unsigned codes with per-group integer zero points (GPTQ style), and signed
+codes stored as offset binary (stored = actual + 8) with symmetric scales (seed 002)."""
+from marlin_dsl import FusedDequant, Format, Gemm, GroupScale, IntEncoding, Schedule, ZeroPoint
+
+uint4_zp_g128 = Format(
+    "uint4_zp_g128",
+    IntEncoding(bits=4),  # codes 0..15
+    GroupScale(128),
+    ZeroPoint("u8"),  # value = (code - zero) * scale
+    doc="unsigned INT4 with zero points, group 128",
+)
+
+int4_g64 = Format(
+    "int4_g64",
+    IntEncoding(bits=4, offset=8),  # value = code - 8, in -8..7
+    GroupScale(64),
+    doc="signed INT4 (offset binary), group 64",
+)
+
+fused = Schedule("fused_64x64x32", pipeline=FusedDequant())
+
+uint4_zp_fused = Gemm("uint4_zp_g128_fused", uint4_zp_g128, fused)
+int4_fused = Gemm("int4_g64_fused", int4_g64, fused)

@@ -1,0 +1,406 @@
+"""Textual form of formats: a canonical printer and a parser for `grammar/format.lark`.
+
+    format fp4_2of4 {
+      element float(bits=4, exp_bits=2, man_bits=1, bias=1, signed=true)
+      packing bitstream(word_bits=32)
+      scale group(size=128, dtype=f16)
+      sparsity nm(n=2, m=4, chunk=1)
+      doc "2:4 structured sparse FP4 (seed 000 layout)"
+    }
+
+The text becomes part of the compiler's textual IR and of generated manifests, so printing
+is canonical: fixed item and attribute order, every attribute written out, floats as
+`repr(float)` (which reads back exactly). Print -> parse -> print is the identity and
+parse(print(f)) == f. When parsing, attributes with a default in the Python API may be left
+out, like the keyword arguments they mirror; so may the lines for packing and scale (default
+Packing() and GroupScale()), zero_point and sparsity (none) and doc (empty).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, dataclass, fields
+from functools import lru_cache
+from numbers import Integral, Real
+from typing import Any, Callable, Iterable, Union
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lexer import PatternStr
+
+from ..errors import FormatError, SourceLocation
+from ..grammar import read_grammar
+from .encodings import FloatEncoding, IntEncoding, TableEncoding
+from .format import Format, Packing
+from .scaling import PER_COLUMN, GroupScale, ZeroPoint
+from .sparsity import BlockPatternSparsity, NMSparsity
+
+
+# ----- attribute values (shared with later grammars) -----------------------------------------
+
+class Symbol(str):
+    """A bare identifier value (`dtype=f16`), kept apart from a quoted string (`"f16"`)."""
+
+
+#: A parsed attribute value: int, float, bool, Symbol, str, or a list of values.
+Value = Union[int, float, bool, Symbol, str, list]
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One `name=value` of an attribute list, with the line it was written on."""
+
+    name: str
+    value: Value
+    line: int
+
+
+@dataclass(frozen=True)
+class Call:
+    """`kind(attrs...)`, e.g. `float(bits=4, ...)`."""
+
+    kind: str
+    attrs: list[Attr]
+    line: int
+
+
+def quote(text: str) -> str:
+    """A string literal; JSON syntax, which the grammar's STRING accepts and `unquote` reads."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def value_to_text(value: Value | tuple) -> str:
+    """Canonical text of an attribute value; inverse of `AttrTransformer`'s value rules."""
+    if isinstance(value, bool):  # before Integral: bool is an int
+        return "true" if value else "false"
+    if isinstance(value, Integral):
+        return str(int(value))
+    if isinstance(value, Real):
+        if not math.isfinite(value):
+            raise ValueError(f"attribute values must be finite, got {value!r}")
+        return repr(float(value))
+    if isinstance(value, Symbol):
+        if not value.isidentifier():
+            raise ValueError(f"not an identifier: {str(value)!r}")
+        return str(value)
+    if isinstance(value, str):
+        return quote(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(value_to_text(v) for v in value) + "]"
+    raise TypeError(f"no textual form for {type(value).__name__} {value!r}")
+
+
+def attrs_to_text(attrs: Iterable[tuple[str, Value | tuple]]) -> str:
+    return "(" + ", ".join(f"{name}={value_to_text(value)}" for name, value in attrs) + ")"
+
+
+class AttrTransformer(Transformer):
+    """Turns the attribute-list rules of format.lark into `Call`, `Attr` and Python values.
+
+    Transformers of grammars that import those rules subclass this one.
+    """
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def int_value(self, children: list[Token]) -> int:
+        return int(children[0])
+
+    def float_value(self, children: list[Token]) -> float:
+        return float(children[0])
+
+    def bool_value(self, children: list[Token]) -> bool:
+        return children[0] == "true"
+
+    def ident_value(self, children: list[Token]) -> Symbol:
+        return Symbol(children[0])
+
+    def string_value(self, children: list[Token]) -> str:
+        return self.unquote(children[0])
+
+    def list_value(self, children: list[Value]) -> list:
+        return list(children)
+
+    def attr(self, children: list[Any]) -> Attr:
+        name, value = children
+        return Attr(str(name), value, name.line)
+
+    def attrs(self, children: list[Attr]) -> list[Attr]:
+        return list(children)
+
+    def call(self, children: list[Any]) -> Call:
+        kind, attrs = children
+        return Call(str(kind), attrs, kind.line)
+
+    def unquote(self, token: Token) -> str:
+        try:
+            return json.loads(token)
+        except json.JSONDecodeError as err:
+            raise FormatError(f"invalid string literal {token}: {err.msg}",
+                              SourceLocation(self.source, token.line)) from None
+
+
+# ----- what each line of a format may say ---------------------------------------------------
+
+class _WrongType(Exception):
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+
+
+def _int(value: Value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _WrongType("an integer")
+
+
+def _bool(value: Value) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _WrongType("true or false")
+
+
+def _ident(value: Value) -> str:
+    if isinstance(value, Symbol):
+        return str(value)
+    raise _WrongType("an identifier")
+
+
+def _floats(value: Value) -> tuple[float, ...]:
+    # Integers are accepted (values=[-1, 0, 1]); they print back as floats.
+    if isinstance(value, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return tuple(float(v) for v in value)
+    raise _WrongType("a list of numbers")
+
+
+def _group_size(value: Value) -> int | str:
+    if isinstance(value, Symbol) and value == PER_COLUMN:
+        return PER_COLUMN
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _WrongType(f"an integer or {PER_COLUMN}")
+
+
+Checker = Callable[[Value], Any]
+#: (class, ((text attribute, dataclass field, checker), ...)); the order is the printed order.
+_Kind = tuple[type, tuple[tuple[str, str, Checker], ...]]
+
+# One table drives both printing and parsing, so the two cannot disagree on names, order
+# or kinds. Keys are the item keywords (also the Format fields) in printed order; the inner
+# keys are the kind names (None: the item has no kind, as in `zero_point(dtype=u8)`).
+_ITEMS: dict[str, dict[str | None, _Kind]] = {
+    "element": {
+        "float": (FloatEncoding, (("bits", "bits", _int), ("exp_bits", "exp_bits", _int),
+                                  ("man_bits", "man_bits", _int), ("bias", "bias", _int),
+                                  ("signed", "signed", _bool))),
+        "int": (IntEncoding, (("bits", "bits", _int), ("offset", "offset", _int))),
+        "table": (TableEncoding, (("bits", "bits", _int), ("values", "values", _floats))),
+    },
+    "packing": {"bitstream": (Packing, (("word_bits", "word_bits", _int),))},
+    "scale": {"group": (GroupScale, (("size", "group_size", _group_size),
+                                     ("dtype", "dtype", _ident)))},
+    "zero_point": {None: (ZeroPoint, (("dtype", "dtype", _ident),))},
+    "sparsity": {
+        "nm": (NMSparsity, (("n", "n", _int), ("m", "m", _int), ("chunk", "chunk", _int))),
+        "block_pattern": (BlockPatternSparsity, (("block_k", "block_k", _int),
+                                                 ("block_n", "block_n", _int))),
+    },
+}
+
+
+# ----- printing -------------------------------------------------------------------------------
+
+def _item_to_text(keyword: str, part: object, fmt: Format) -> str:
+    for kind, (cls, attrs) in _ITEMS[keyword].items():
+        if type(part) is cls:  # exact type: a subclass may carry fields we would drop
+            head = keyword if kind is None else f"{keyword} {kind}"
+            values = []
+            for name, field_name, _ in attrs:
+                value = getattr(part, field_name)
+                # Every string field of a format part (dtypes, group size K) is an identifier.
+                values.append((name, Symbol(value) if isinstance(value, str) else value))
+            return head + attrs_to_text(values)
+    raise FormatError(f"format {fmt.name!r}: {keyword} of type {type(part).__name__} "
+                      f"has no textual form", fmt.location)
+
+
+def format_to_text(fmt: Format) -> str:
+    """The canonical text of one format declaration, ending in a newline."""
+    lines = [f"format {fmt.name} {{"]
+    for keyword in _ITEMS:
+        part = getattr(fmt, keyword)
+        if part is not None:
+            lines.append("  " + _item_to_text(keyword, part, fmt))
+    lines.append(f"  doc {quote(fmt.doc)}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def formats_to_text(formats: Iterable[Format]) -> str:
+    """Several declarations, separated by blank lines."""
+    return "\n".join(format_to_text(f) for f in formats)
+
+
+# ----- parsing --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Item:
+    keyword: str
+    line: int
+    kind: str | None = None
+    attrs: tuple[Attr, ...] = ()
+    doc: str = ""
+
+
+def _describe(value: Value) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", Symbol: "identifier",
+            str: "string", list: "list"}[type(value)]
+    return f"{kind} {value_to_text(value)}"
+
+
+def _build_part(item: _Item, fmt_name: str, source: str) -> object:
+    where = SourceLocation(source, item.line)
+    kinds = _ITEMS[item.keyword]
+    if item.kind not in kinds:
+        raise FormatError(f"format {fmt_name!r}: unknown {item.keyword} kind {item.kind!r} "
+                          f"(known: {', '.join(sorted(k for k in kinds if k))})", where)
+    cls, spec = kinds[item.kind]
+    what = f"format {fmt_name!r}: {item.keyword}" + (f" {item.kind}" if item.kind else "")
+    known = [name for name, _, _ in spec]
+    given: dict[str, Attr] = {}
+    for attr in item.attrs:
+        at = SourceLocation(source, attr.line)
+        if attr.name not in known:
+            raise FormatError(f"{what}: unknown attribute {attr.name!r} "
+                              f"(known: {', '.join(known)})", at)
+        if attr.name in given:
+            raise FormatError(f"{what}: attribute {attr.name!r} given twice", at)
+        given[attr.name] = attr
+    required = {f.name for f in fields(cls)
+                if f.default is MISSING and f.default_factory is MISSING}
+    kwargs: dict[str, Any] = {}
+    for name, field_name, check in spec:
+        attr = given.get(name)
+        if attr is None:
+            if field_name in required:
+                raise FormatError(f"{what}: missing attribute {name!r}", where)
+            continue
+        try:
+            kwargs[field_name] = check(attr.value)
+        except _WrongType as wrong:
+            raise FormatError(f"{what}: attribute {name!r} must be {wrong.expected}, "
+                              f"got {_describe(attr.value)}",
+                              SourceLocation(source, attr.line)) from None
+    # The constructors' own checks (e.g. sign + exp + man == bits) report this line.
+    return cls(**kwargs, location=where)
+
+
+class _FormatTransformer(AttrTransformer):
+    """Builds `Format`s; the line of each item is the line of its keyword (meta)."""
+
+    @v_args(meta=True)
+    def element(self, meta: Any, children: list[Call]) -> _Item:
+        return self._item("element", meta, children[0])
+
+    @v_args(meta=True)
+    def packing(self, meta: Any, children: list[Call]) -> _Item:
+        return self._item("packing", meta, children[0])
+
+    @v_args(meta=True)
+    def scale(self, meta: Any, children: list[Call]) -> _Item:
+        return self._item("scale", meta, children[0])
+
+    @v_args(meta=True)
+    def sparsity(self, meta: Any, children: list[Call]) -> _Item:
+        return self._item("sparsity", meta, children[0])
+
+    @v_args(meta=True)
+    def zero_point(self, meta: Any, children: list[list[Attr]]) -> _Item:
+        return _Item("zero_point", meta.line, None, tuple(children[0]))
+
+    @v_args(meta=True)
+    def doc(self, meta: Any, children: list[Token]) -> _Item:
+        return _Item("doc", meta.line, doc=self.unquote(children[0]))
+
+    @staticmethod
+    def _item(keyword: str, meta: Any, call: Call) -> _Item:
+        return _Item(keyword, meta.line, call.kind, tuple(call.attrs))
+
+    @v_args(meta=True)
+    def format_decl(self, meta: Any, children: list[Any]) -> Format:
+        name, items = str(children[0]), children[1:]
+        where = SourceLocation(self.source, meta.line)
+        seen: dict[str, _Item] = {}
+        for item in items:
+            if item.keyword in seen:
+                raise FormatError(
+                    f"format {name!r}: {item.keyword} given twice "
+                    f"(first on line {seen[item.keyword].line})",
+                    SourceLocation(self.source, item.line))
+            seen[item.keyword] = item
+        if "element" not in seen:
+            raise FormatError(f"format {name!r}: missing element line", where)
+        parts = {keyword: _build_part(item, name, self.source)
+                 for keyword, item in seen.items() if keyword != "doc"}
+        doc = seen["doc"].doc if "doc" in seen else ""
+        return Format(name, doc=doc, location=where, **parts)
+
+    def start(self, children: list[Format]) -> list[Format]:
+        first: dict[str, Format] = {}
+        for fmt in children:
+            if fmt.name in first:
+                raise FormatError(f"format {fmt.name!r} declared twice "
+                                  f"(first at {first[fmt.name].location})", fmt.location)
+            first[fmt.name] = fmt
+        return children
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    # propagate_positions gives each rule's meta the line of its first token, keyword included.
+    return Lark(read_grammar("format.lark"), parser="lalr", propagate_positions=True)
+
+
+def _expected(parser: Lark, names: Iterable[str]) -> str:
+    """Terminal names as a reader knows them: keywords and punctuation quoted."""
+    shown = []
+    for name in names:
+        try:
+            pattern = parser.get_terminal(name).pattern
+        except KeyError:
+            shown.append(name)
+            continue
+        shown.append(f'"{pattern.value}"' if isinstance(pattern, PatternStr) else name)
+    return ", ".join(sorted(shown))
+
+
+def _syntax_error(err: UnexpectedInput, text: str, source: str) -> FormatError:
+    parser = _parser()
+    line = err.line if err.line > 0 else text.count("\n") + 1
+    if isinstance(err, UnexpectedToken):
+        got = "end of input" if err.token.type == "$END" else repr(str(err.token))
+        # `accepts` (after reductions) is exact; `expected` may hold LALR look-ahead extras.
+        expected = err.accepts or err.expected
+        message = f"unexpected {got}, expected one of: {_expected(parser, expected)}"
+    elif isinstance(err, UnexpectedCharacters):
+        message = f"unexpected character {err.char!r} at column {err.column}"
+    else:
+        message = "unexpected end of input"
+    return FormatError(f"syntax error: {message}", SourceLocation(source, line))
+
+
+def formats_from_text(text: str, source: str = "<text>") -> list[Format]:
+    """Parse one or more format declarations; errors are FormatErrors naming source:line."""
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as err:
+        raise _syntax_error(err, text, source) from None
+    try:
+        return _FormatTransformer(source).transform(tree)
+    except VisitError as err:
+        # lark wraps exceptions raised in callbacks; ours already carry the location.
+        if isinstance(err.orig_exc, FormatError):
+            raise err.orig_exc from None
+        raise

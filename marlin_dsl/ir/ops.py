@@ -1,0 +1,265 @@
+"""The op set, declared as data: arity, attributes, regions, effects and a type rule.
+
+Every consumer (verifier, textual form, interpreter, passes, printers) reads these
+definitions instead of keeping its own list, so an op is added in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .core import BufferParam, Kernel, Op, SharedArray
+from .types import BOOL, U32, FragmentType, ScalarType, Type, VectorType
+
+TypeRule = Callable[[Op, Kernel], str | None]  # returns an error message or None
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    operands: tuple[int, int | None]  # (min, max); max None = variadic
+    attrs: tuple[str, ...] = ()  # required attributes
+    optional_attrs: tuple[str, ...] = ()
+    regions: int = 0
+    results: tuple[int, int | None] = (0, 0)
+    writes_memory: bool = False  # a store, atomic or barrier: never removed or reordered freely
+    reads_memory: bool = False
+    collective: bool = False  # executed by a whole warp: operands must be warp-uniform
+    terminator: bool = False
+    rule: TypeRule | None = None
+    doc: str = ""
+
+    @property
+    def pure(self) -> bool:
+        return not (self.writes_memory or self.reads_memory or self.regions or self.terminator)
+
+
+def _same(op: Op, _: Kernel) -> str | None:
+    t = op.operands[0].type
+    if any(v.type != t for v in op.operands):
+        return f"operands must share one type, got {[str(v.type) for v in op.operands]}"
+    if op.result.type != t:
+        return f"result type {op.result.type} must be {t}"
+    return None
+
+
+def _int_same(op: Op, k: Kernel) -> str | None:
+    if not (isinstance(op.operands[0].type, ScalarType) and
+            (op.operands[0].type.is_int or op.operands[0].type == BOOL)):
+        return f"needs integer or bool operands, got {op.operands[0].type}"
+    return _same(op, k)
+
+
+def _float_same(op: Op, k: Kernel) -> str | None:
+    if not (isinstance(op.operands[0].type, ScalarType) and op.operands[0].type.is_float):
+        return f"needs float operands, got {op.operands[0].type}"
+    return _same(op, k)
+
+
+def _compare(op: Op, _: Kernel) -> str | None:
+    if op.operands[0].type != op.operands[1].type:
+        return "compared operands must share one type"
+    return None if op.result.type == BOOL else "a comparison yields bool"
+
+
+def _select(op: Op, _: Kernel) -> str | None:
+    c, a, b = op.operands
+    if c.type != BOOL:
+        return "select condition must be bool"
+    return None if a.type == b.type == op.result.type else "select arms and result must share one type"
+
+
+def _scalar_result(op: Op, _: Kernel) -> str | None:
+    return None if isinstance(op.result.type, ScalarType) else "result must be a scalar"
+
+
+def _convert(op: Op, _: Kernel) -> str | None:
+    src, dst = op.operands[0].type, op.result.type
+    if not (isinstance(src, ScalarType) and isinstance(dst, ScalarType)):
+        return "cast/bitcast take and give scalars"
+    if str(dst) != op.attrs.get("to"):
+        return f"result type {dst} does not match to={op.attrs.get('to')}"
+    if op.name == "bitcast" and src.bits != dst.bits:
+        return f"bitcast between different widths {src} -> {dst}"
+    return None
+
+
+def _u32_result(op: Op, _: Kernel) -> str | None:
+    return None if op.result.type == U32 else "result must be u32"
+
+
+def _memory(op: Op, kernel: Kernel) -> str | None:
+    name = op.attrs.get("buffer")
+    try:
+        decl = kernel.symbol(str(name))
+    except KeyError:
+        return f"unknown buffer @{name}"
+    if not isinstance(decl, (BufferParam, SharedArray)):
+        return f"@{name} is not a buffer or shared array"
+    elem = decl.elem
+    if op.operands[0].type != U32:
+        return "memory index must be u32"
+    pred_at = {"load": 1, "vload": 1, "store": 2, "atomic_add": 9}[op.name]
+    if len(op.operands) > pred_at and op.operands[pred_at].type != BOOL:
+        return "predicate must be bool"
+    if op.name == "load" and op.result.type != elem:
+        return f"load from @{name} gives {elem}, not {op.result.type}"
+    if op.name == "vload" and op.result.type != VectorType(elem, int(op.attrs.get("size", 0))):
+        return f"vload result must be vec<{elem}, size>"
+    if op.name == "store" and op.operands[1].type != elem:
+        return f"store to @{name} needs {elem}, got {op.operands[1].type}"
+    if op.name == "atomic_add" and (elem != U32 or op.operands[1].type != U32 or op.result.type != U32):
+        return "atomic_add works on u32 buffers"
+    return None
+
+
+def _extract(op: Op, _: Kernel) -> str | None:
+    t = op.operands[0].type
+    if not isinstance(t, VectorType):
+        return "extract needs a vector"
+    if not 0 <= int(op.attrs["index"]) < t.size:
+        return f"index {op.attrs['index']} outside vec of {t.size}"
+    return None if op.result.type == t.elem else f"extract from {t} gives {t.elem}"
+
+
+def _table(op: Op, kernel: Kernel) -> str | None:
+    try:
+        decl = kernel.symbol(str(op.attrs["name"]))
+    except KeyError:
+        return f"unknown table @{op.attrs['name']}"
+    if op.operands[0].type != U32:
+        return "table index must be u32"
+    return None if op.result.type == getattr(decl, "elem", None) else "table result type mismatch"
+
+
+def _frag_load(op: Op, kernel: Kernel) -> str | None:
+    err = _memory_name(op, kernel)
+    t = op.result.type
+    if err or not isinstance(t, FragmentType) or t.role not in ("a", "b"):
+        return err or "frag_load gives an a or b fragment"
+    return None if op.operands[0].type == U32 else "fragment offset must be u32"
+
+
+def _frag_store(op: Op, kernel: Kernel) -> str | None:
+    err = _memory_name(op, kernel)
+    t = op.operands[0].type
+    if err or not isinstance(t, FragmentType) or t.role != "c":
+        return err or "frag_store takes a c fragment"
+    return None if op.operands[1].type == U32 else "fragment offset must be u32"
+
+
+def _memory_name(op: Op, kernel: Kernel) -> str | None:
+    try:
+        kernel.symbol(str(op.attrs["buffer"]))
+    except KeyError:
+        return f"unknown buffer @{op.attrs['buffer']}"
+    return None
+
+
+def _frag_zero(op: Op, _: Kernel) -> str | None:
+    t = op.result.type
+    return None if isinstance(t, FragmentType) and t.role == "c" else "frag_zero gives a c fragment"
+
+
+def _mma(op: Op, _: Kernel) -> str | None:
+    a, b, c = (v.type for v in op.operands)
+    if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):
+        return "mma takes fragments"
+    if (a.role, b.role, c.role) != ("a", "b", "c"):
+        return "mma operands are (a, b, c) fragments"
+    if a.cols != b.rows or a.rows != c.rows or b.cols != c.cols or a.elem != b.elem:
+        return f"mma shapes do not chain: {a} x {b} + {c}"
+    return None if op.result.type == c else "mma result must have the accumulator's type"
+
+
+def _for(op: Op, _: Kernel) -> str | None:
+    if any(v.type != U32 for v in op.operands[:3]):
+        return "for bounds and step must be u32"
+    inits = op.operands[3:]
+    body = op.regions[0]
+    if len(body.args) != 1 + len(inits) or body.args[0].type != U32:
+        return "for body takes the u32 index and one argument per carried value"
+    if [a.type for a in body.args[1:]] != [v.type for v in inits]:
+        return "for body arguments must match the carried values' types"
+    return _yields(op, [v.type for v in inits])
+
+
+def _if(op: Op, _: Kernel) -> str | None:
+    if op.operands[0].type != BOOL:
+        return "if condition must be bool"
+    return _yields(op, [r.type for r in op.results])
+
+
+def _switch(op: Op, _: Kernel) -> str | None:
+    cases = op.attrs["cases"]
+    if not isinstance(cases, tuple) or len(op.regions) != len(cases) + 1:
+        return "switch needs one region per case plus a default region"
+    if op.operands[0].type != U32:
+        return "switch selector must be u32"
+    return _yields(op, [r.type for r in op.results])
+
+
+def _yields(op: Op, types: list[Type]) -> str | None:
+    if op.name != "for" and [r.type for r in op.results] != types:
+        return "result types mismatch"
+    if op.name == "for" and [r.type for r in op.results] != types:
+        return "for results must match the carried values"
+    for region in op.regions:
+        if not region.ops or region.ops[-1].name != "yield":
+            return f"every region of {op.name} ends with yield"
+        if [v.type for v in region.ops[-1].operands] != types:
+            return f"yield types {[str(v.type) for v in region.ops[-1].operands]} != {[str(t) for t in types]}"
+    return None
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _define(*defs: OpDef) -> None:
+    for d in defs:
+        OPS[d.name] = d
+
+
+_BIN = (2, 2)
+_define(
+    OpDef("const", (0, 0), ("value",), results=(1, 1), rule=_scalar_result,
+          doc="a compile-time constant of the result type"),
+    OpDef("index", (0, 0), ("kind",), results=(1, 1), rule=_u32_result,
+          doc="thread coordinates: tid, lane, warp, group_x, group_y, group_z"),
+    OpDef("scalar", (0, 0), ("name",), results=(1, 1), rule=_u32_result,
+          doc="a launch-time scalar (M, N, K)"),
+    *(OpDef(n, _BIN, results=(1, 1), rule=_same) for n in ("add", "sub", "mul", "min", "max")),
+    *(OpDef(n, _BIN, results=(1, 1), rule=_int_same) for n in ("div", "rem", "and", "or", "xor", "shl", "shr")),
+    OpDef("fma", (3, 3), results=(1, 1), rule=_float_same, doc="a * b + c"),
+    *(OpDef(n, _BIN, results=(1, 1), rule=_compare) for n in ("lt", "le", "gt", "ge", "eq", "ne")),
+    OpDef("select", (3, 3), results=(1, 1), rule=_select),
+    OpDef("cast", (1, 1), ("to",), results=(1, 1), rule=_convert, doc="numeric conversion"),
+    OpDef("bitcast", (1, 1), ("to",), results=(1, 1), rule=_convert, doc="reinterpret bits"),
+    OpDef("load", (1, 2), ("buffer",), results=(1, 1), reads_memory=True, rule=_memory,
+          doc="buffer[index]; with a false predicate no access happens and the result is 0"),
+    OpDef("vload", (1, 2), ("buffer", "size"), results=(1, 1), reads_memory=True, rule=_memory,
+          doc="size consecutive elements from buffer[index], index a multiple of size"),
+    OpDef("extract", (1, 1), ("index",), results=(1, 1), rule=_extract),
+    OpDef("store", (2, 3), ("buffer",), writes_memory=True, rule=_memory,
+          doc="buffer[index] = value, skipped where the predicate is false"),
+    OpDef("atomic_add", (2, 2), ("buffer",), results=(1, 1), writes_memory=True,
+          reads_memory=True, rule=_memory, doc="returns the old value"),
+    OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, doc="constant table lookup"),
+    OpDef("barrier", (0, 0), ("scope",), writes_memory=True,
+          doc="threadgroup: all threads of the group; simdgroup: the threads of one warp"),
+    OpDef("fence", (0, 0), ("scope",), writes_memory=True, doc="memory ordering for device memory"),
+    OpDef("frag_zero", (0, 0), results=(1, 1), rule=_frag_zero, collective=True),
+    OpDef("frag_load", (1, 1), ("buffer", "ld"), ("transpose",), results=(1, 1),
+          reads_memory=True, collective=True, rule=_frag_load,
+          doc="a warp loads a rows x cols tile at offset with leading dimension ld"),
+    OpDef("frag_store", (2, 2), ("buffer", "ld"), writes_memory=True, collective=True,
+          rule=_frag_store),
+    OpDef("mma", (3, 3), results=(1, 1), collective=True, rule=_mma, doc="c + a @ b"),
+    OpDef("for", (3, None), optional_attrs=("specialise",), regions=1, results=(0, None), rule=_for,
+          doc="for index = lb; index < ub; index += step, carrying values through yield"),
+    OpDef("if", (1, 1), regions=2, results=(0, None), rule=_if),
+    OpDef("switch", (1, 1), ("cases",), regions=1, results=(0, None), rule=_switch,
+          doc="one region per case value, then a default region"),
+    OpDef("yield", (0, None), terminator=True),
+)
+# switch has a variable region count; the verifier checks it through the rule.

@@ -1,0 +1,678 @@
+"""Textual form of the kernel IR: a canonical printer and a parser for `grammar/ir.lark`.
+
+    kernel @gemm {
+      attrs {schedule=db64, tile_m=64}
+      threads 128
+      warp_size 32
+      grid [ceil(N, 64), ceil(M, 64) * 2, 1]
+      scalar @M
+      buffer @x : f16 read
+      body {
+        %tid0 = index[kind=tid]() : u32
+        %ld0 = load[buffer=@x](%tid0) : f16
+        ...
+      }
+    }
+
+Printing is canonical so that kernels can be diffed and stored as golden files: header lines
+in a fixed order (attrs, threads, warp_size, grid, scalars, buffers, shared, tables, body),
+attributes in sorted key order, two-space indentation, floats as `repr(float)` (which reads
+back exactly, `inf`/`nan` included), strings bare when they read back as an identifier and
+quoted (JSON) otherwise, tuples as `[..]`, and `@name` for the `buffer`/`name` attributes.
+print -> parse -> print is the identity and parse(print(k)) is structurally equal to k
+(`kernels_equal`).
+
+Parsing resolves `%name` uses to `Value`s with the IR's scoping rule (a use sees definitions
+earlier in its block or an enclosing block, and the arguments of its regions) and runs the
+verifier; errors are `IRParseError`s (`VerifyError`s for well-formed but invalid IR) that
+carry the source and line.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from collections import ChainMap
+from dataclasses import dataclass, field
+from functools import lru_cache
+from numbers import Integral, Real
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+from lark import Lark, Token, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lexer import PatternStr
+from lark.load_grammar import FromPackageLoader
+
+from ..errors import MarlinDSLError, SourceLocation
+from ..formats.text import Attr, AttrTransformer, quote
+from ..grammar import read_grammar
+from .core import (
+    AttrValue, Block, BufferParam, ConstTable, GridDim, Kernel, Op, ScalarParam, SharedArray, Value,
+)
+from .types import FragmentType, ScalarType, Type, VectorType
+from .verify import VerifyError, verify
+
+
+class IRParseError(MarlinDSLError):
+    """The text is not a well-formed kernel: a syntax error, an undefined or out-of-scope
+    value, a duplicate definition or item; the location names the source and line."""
+
+
+# ----- printing -------------------------------------------------------------------------------
+
+#: The grammar's NAME and the names it accepts after `%` (Python's \w, as lark uses `re`).
+_NAME = re.compile(r"[^\W\d]\w*")
+_VALUE_NAME = re.compile(r"[\w.]+")
+#: Identifier-like words that read back as something else, so a string spelling one is quoted.
+_RESERVED = frozenset({"true", "false", "inf", "nan"})
+#: Op attributes naming a kernel symbol (buffer, shared array, table, scalar), printed `@name`.
+_SYMBOL_ATTRS = frozenset({"buffer", "name"})
+_ACCESS = ("read", "write", "readwrite")
+
+
+def _is_bare(text: str) -> bool:
+    return _NAME.fullmatch(text) is not None and text not in _RESERVED
+
+
+def _checked_name(kind: str, name: str, pattern: re.Pattern[str] = _NAME) -> str:
+    if not isinstance(name, str) or pattern.fullmatch(name) is None:
+        raise ValueError(f"{kind} name {name!r} has no textual form")
+    return name
+
+
+def attr_value_text(value: Any) -> str:
+    """Canonical text of an attribute value (int, float, bool, str, tuple of these)."""
+    if isinstance(value, (bool, np.bool_)):  # before Integral: bool is an int
+        return "true" if value else "false"
+    if isinstance(value, Integral):
+        return str(int(value))
+    if isinstance(value, Real):
+        return repr(float(value))  # also 'inf', '-inf', 'nan', which the grammar reads
+    if isinstance(value, str):
+        return str(value) if _is_bare(value) else quote(str(value))
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(attr_value_text(v) for v in value) + "]"
+    raise TypeError(f"no textual form for attribute value {value!r} ({type(value).__name__})")
+
+
+def _op_attr_text(key: str, value: AttrValue) -> str:
+    if key in _SYMBOL_ATTRS and isinstance(value, str) and _NAME.fullmatch(value):
+        return f"{key}=@{value}"
+    return f"{_checked_name('attribute', key)}={attr_value_text(value)}"
+
+
+def _attrs_text(attrs: Mapping[str, AttrValue], open_: str, close: str, op: bool) -> str:
+    items = sorted(attrs.items())
+    if op:
+        return open_ + ", ".join(_op_attr_text(k, v) for k, v in items) + close
+    return open_ + ", ".join(f"{_checked_name('attribute', k)}={attr_value_text(v)}"
+                             for k, v in items) + close
+
+
+def _value(v: Value) -> str:
+    return "%" + _checked_name("value", v.name, _VALUE_NAME)
+
+
+def _symbol(name: str) -> str:
+    return "@" + _checked_name("symbol", name)
+
+
+def _grid_dim_text(dim: GridDim) -> str:
+    # Same spelling as GridDim.__str__, with the symbol checked so that it reads back.
+    if dim.symbol is None:
+        return str(dim.count)
+    base = f"ceil({_checked_name('grid symbol', dim.symbol)}, {dim.tile})"
+    return base if dim.count == 1 else f"{base} * {dim.count}"
+
+
+def _print_ops(ops: Iterable[Op], depth: int, lines: list[str]) -> None:
+    pad = "  " * depth
+    for op in ops:
+        head = ", ".join(_value(r) for r in op.results) + " = " if op.results else ""
+        head += _checked_name("op", op.name)
+        if op.attrs:
+            head += _attrs_text(op.attrs, "[", "]", op=True)
+        head += "(" + ", ".join(_value(v) for v in op.operands) + ")"
+        if op.results:
+            head += " : " + ", ".join(str(r.type) for r in op.results)
+        if not op.regions:
+            lines.append(pad + head)
+            continue
+        lines.append(pad + head + " {")
+        for i, region in enumerate(op.regions):
+            if i:
+                lines.append(pad + "} {")
+            if region.args:
+                lines.append(pad + "^(" + ", ".join(f"{_value(a)}: {a.type}" for a in region.args) + "):")
+            _print_ops(region.ops, depth + 1, lines)
+        lines.append(pad + "}")
+
+
+def print_kernel(kernel: Kernel) -> str:
+    """The canonical text of one kernel, ending in a newline."""
+    if kernel.body.args:
+        raise ValueError(f"kernel {kernel.name}: the body block cannot have arguments")
+    lines = [f"kernel {_symbol(kernel.name)} {{"]
+    if kernel.attrs:
+        lines.append("  attrs " + _attrs_text(kernel.attrs, "{", "}", op=False))
+    lines.append(f"  threads {int(kernel.threads)}")
+    lines.append(f"  warp_size {int(kernel.warp_size)}")
+    lines.append("  grid [" + ", ".join(_grid_dim_text(d) for d in kernel.grid) + "]")
+    lines += [f"  scalar {_symbol(s.name)}" for s in kernel.scalars]
+    lines += [f"  buffer {_symbol(b.name)} : {b.elem} {b.access}" for b in kernel.buffers]
+    lines += [f"  shared {_symbol(s.name)} : {s.elem}[{int(s.size)}]" for s in kernel.shared]
+    lines += [f"  table {_symbol(t.name)} : {t.elem}[{len(t.values)}] = {attr_value_text(tuple(t.values))}"
+              for t in kernel.tables]
+    lines.append("  body {")
+    _print_ops(kernel.body.ops, 2, lines)
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def print_kernels(kernels: Iterable[Kernel]) -> str:
+    """Several kernels, separated by blank lines (what `parse_kernels` reads)."""
+    return "\n".join(print_kernel(k) for k in kernels)
+
+
+# ----- parse tree -> syntax objects -----------------------------------------------------------
+# The transformer works bottom-up, so it cannot know which values are in scope; it builds
+# these plain records and `_KernelBuilder` resolves them top-down.
+
+class _Results(list):
+    """Result %names (Tokens) of an op."""
+
+
+class _Operands(list):
+    """Operand %names (Tokens) of an op."""
+
+
+class _Types(list):
+    """Result types of an op."""
+
+
+class _OpAttrs(list):
+    """The `[...]` attributes of an op."""
+
+
+class _RegionArgs(list):
+    """(%name Token, Type) pairs of a region's `^(...)` line."""
+
+
+@dataclass
+class _OpText:
+    line: int
+    name: str
+    results: list[Token]
+    attrs: list[Attr]
+    operands: list[Token]
+    types: list[Type]
+    regions: list["_RegionText"]
+
+
+@dataclass
+class _RegionText:
+    line: int
+    args: list[tuple[Token, Type]]
+    ops: list[_OpText]
+
+
+@dataclass
+class _Item:
+    """One header line of a kernel (`threads 128`, `buffer @x : f16 read`, ...)."""
+
+    kind: str
+    line: int
+    value: Any
+
+
+@dataclass
+class _KernelText:
+    name: str
+    line: int
+    items: list[_Item]
+    body: list[_OpText] = field(default_factory=list)
+
+
+class _IRTransformer(AttrTransformer):
+    """Tokens to syntax records; attribute values become IR attribute values (plain str for
+    identifiers, tuples for lists)."""
+
+    def _error(self, message: str, line: int) -> IRParseError:
+        return IRParseError(message, SourceLocation(self.source, line))
+
+    # -- attribute values: the IR's AttrValue has no Symbol or list --
+    def ident_value(self, children: list[Token]) -> str:
+        return str(children[0])
+
+    def list_value(self, children: list[Any]) -> tuple:
+        return tuple(children)
+
+    def symbol_value(self, children: list[Token]) -> str:
+        return str(children[0])[1:]
+
+    def nonfinite_value(self, children: list[Token]) -> float:
+        return float(children[0])
+
+    def unquote(self, token: Token) -> str:
+        try:
+            return super().unquote(token)
+        except MarlinDSLError as err:  # FormatError from the format grammar's helper
+            raise self._error(err.message, token.line) from None
+
+    def op_attr(self, children: list[Any]) -> Attr:
+        return self.attr(children)
+
+    def op_attrs(self, children: list[Attr]) -> _OpAttrs:
+        return _OpAttrs(children)
+
+    # -- types --
+    def _scalar(self, token: Token) -> ScalarType:
+        try:
+            return ScalarType(str(token))
+        except ValueError as err:
+            raise self._error(str(err), token.line) from None
+
+    def scalar_type(self, children: list[Token]) -> ScalarType:
+        return self._scalar(children[0])
+
+    def vec_type(self, children: list[Token]) -> VectorType:
+        elem, size = children
+        return VectorType(self._scalar(elem), int(size))
+
+    def frag_type(self, children: list[Token]) -> FragmentType:
+        role, elem, shape = children
+        rows, cols = (int(n) for n in str(shape).split("x"))
+        try:
+            return FragmentType(str(role), self._scalar(elem), rows, cols)
+        except ValueError as err:
+            raise self._error(str(err), role.line) from None
+
+    def types(self, children: list[Type]) -> _Types:
+        return _Types(children)
+
+    # -- ops and regions --
+    def results(self, children: list[Token]) -> _Results:
+        return _Results(children)
+
+    def operands(self, children: list[Token]) -> _Operands:
+        return _Operands(children)
+
+    def region_arg(self, children: list[Any]) -> tuple[Token, Type]:
+        return children[0], children[1]
+
+    def region_args(self, children: list[tuple[Token, Type]]) -> _RegionArgs:
+        return _RegionArgs(children)
+
+    @v_args(meta=True)
+    def region(self, meta: Any, children: list[Any]) -> _RegionText:
+        args = children[0] if children and isinstance(children[0], _RegionArgs) else []
+        ops = [c for c in children if isinstance(c, _OpText)]
+        return _RegionText(meta.line, list(args), ops)
+
+    @v_args(meta=True)
+    def op(self, meta: Any, children: list[Any]) -> _OpText:
+        parts: dict[type, Any] = {type(c): c for c in children if not isinstance(c, (Token, _RegionText))}
+        name = next(c for c in children if isinstance(c, Token))
+        return _OpText(meta.line, str(name), list(parts.get(_Results, [])), list(parts.get(_OpAttrs, [])),
+                       list(parts[_Operands]), list(parts.get(_Types, [])),
+                       [c for c in children if isinstance(c, _RegionText)])
+
+    # -- kernel header --
+    @v_args(meta=True)
+    def kernel_attrs(self, meta: Any, children: list[Attr]) -> _Item:
+        return _Item("attrs", meta.line, children)
+
+    @v_args(meta=True)
+    def threads(self, meta: Any, children: list[Token]) -> _Item:
+        return _Item("threads", meta.line, int(children[0]))
+
+    @v_args(meta=True)
+    def warp_size(self, meta: Any, children: list[Token]) -> _Item:
+        return _Item("warp_size", meta.line, int(children[0]))
+
+    @v_args(meta=True)
+    def grid(self, meta: Any, children: list[GridDim]) -> _Item:
+        if len(children) != 3:
+            raise self._error(f"grid needs 3 dimensions, got {len(children)}", meta.line)
+        return _Item("grid", meta.line, tuple(children))
+
+    def grid_ceil(self, children: list[Token]) -> GridDim:
+        count = int(children[2]) if len(children) > 2 else 1
+        return GridDim(str(children[0]), int(children[1]), count)
+
+    def grid_count(self, children: list[Token]) -> GridDim:
+        return GridDim(None, 1, int(children[0]))
+
+    @v_args(meta=True)
+    def scalar_decl(self, meta: Any, children: list[Token]) -> _Item:
+        return _Item("decl", meta.line, ScalarParam(str(children[0])[1:]))
+
+    @v_args(meta=True)
+    def buffer_decl(self, meta: Any, children: list[Token]) -> _Item:
+        name, elem, access = children
+        if access not in _ACCESS:
+            raise self._error(f"buffer {name}: access must be one of {', '.join(_ACCESS)}, "
+                              f"got {access!r}", access.line)
+        return _Item("decl", meta.line, BufferParam(str(name)[1:], self._scalar(elem), str(access)))
+
+    @v_args(meta=True)
+    def shared_decl(self, meta: Any, children: list[Token]) -> _Item:
+        name, elem, size = children
+        return _Item("decl", meta.line, SharedArray(str(name)[1:], self._scalar(elem), int(size)))
+
+    @v_args(meta=True)
+    def table_decl(self, meta: Any, children: list[Any]) -> _Item:
+        name, elem, count, values = children
+        if len(values) != int(count):
+            raise self._error(f"table {name} declares {count} values but lists {len(values)}", meta.line)
+        return _Item("decl", meta.line, ConstTable(str(name)[1:], self._scalar(elem), values))
+
+    def body(self, children: list[_OpText]) -> list[_OpText]:
+        return list(children)
+
+    @v_args(meta=True)
+    def kernel(self, meta: Any, children: list[Any]) -> _KernelText:
+        name, *items, body = children
+        return _KernelText(str(name)[1:], meta.line, items, body)
+
+    def start(self, children: list[_KernelText]) -> list[_KernelText]:
+        return list(children)
+
+
+# ----- syntax objects -> Kernel -----------------------------------------------------------------
+
+class _KernelBuilder:
+    """Builds one Kernel, resolving %names with the IR's scoping rule."""
+
+    def __init__(self, text: _KernelText, source: str) -> None:
+        self.text = text
+        self.source = source
+        # Every definition in the kernel with its line: names are unique per kernel (the
+        # verifier's rule), and knowing where an out-of-scope name is defined makes the
+        # error message useful.
+        self.defined: dict[str, int] = {}
+        self._collect(text.body)
+
+    def _error(self, message: str, line: int) -> IRParseError:
+        return IRParseError(f"kernel @{self.text.name}: {message}", SourceLocation(self.source, line))
+
+    def _define(self, token: Token) -> None:
+        name = str(token)[1:]
+        if name in self.defined:
+            raise self._error(f"value %{name} defined twice (first on line {self.defined[name]})", token.line)
+        self.defined[name] = token.line
+
+    def _collect(self, ops: list[_OpText]) -> None:
+        # Same order as the definitions are made below: region args, nested ops, then results.
+        for op in ops:
+            for region in op.regions:
+                for token, _ in region.args:
+                    self._define(token)
+                self._collect(region.ops)
+            for token in op.results:
+                self._define(token)
+
+    def build(self) -> Kernel:
+        t = self.text
+        once: dict[str, _Item] = {}
+        decls: list[_Item] = []
+        for item in t.items:
+            if item.kind == "decl":
+                decls.append(item)
+            elif item.kind in once:
+                raise self._error(f"{item.kind} given twice (first on line {once[item.kind].line})", item.line)
+            else:
+                once[item.kind] = item
+        for required in ("threads", "grid"):
+            if required not in once:
+                raise self._error(f"missing {required} line", t.line)
+        symbols: dict[str, int] = {}
+        for item in decls:
+            if item.value.name in symbols:
+                raise self._error(f"symbol @{item.value.name} declared twice "
+                                  f"(first on line {symbols[item.value.name]})", item.line)
+            symbols[item.value.name] = item.line
+
+        def of(cls: type) -> list[Any]:
+            return [d.value for d in decls if isinstance(d.value, cls)]
+
+        attrs = self._attrs(once["attrs"].value) if "attrs" in once else {}
+        body = self._block([], t.body, ChainMap())
+        return Kernel(t.name, once["threads"].value, once["grid"].value, body,
+                      warp_size=once["warp_size"].value if "warp_size" in once else 32,
+                      buffers=of(BufferParam), scalars=of(ScalarParam), shared=of(SharedArray),
+                      tables=of(ConstTable), attrs=attrs)
+
+    def _attrs(self, attrs: list[Attr]) -> dict[str, AttrValue]:
+        out: dict[str, AttrValue] = {}
+        for attr in attrs:
+            if attr.name in out:
+                raise self._error(f"attribute {attr.name!r} given twice", attr.line)
+            out[attr.name] = attr.value
+        return out
+
+    def _lookup(self, token: Token, scope: Mapping[str, Value]) -> Value:
+        name = str(token)[1:]
+        if name in scope:
+            return scope[name]
+        if name in self.defined:
+            where = self.defined[name]
+            why = "before its definition" if where >= token.line else "outside its scope"
+            raise self._error(f"value %{name} used {why} (defined on line {where})", token.line)
+        raise self._error(f"undefined value %{name}", token.line)
+
+    def _block(self, args: list[tuple[Token, Type]], ops: list[_OpText],
+               outer: ChainMap[str, Value]) -> Block:
+        # A child map: definitions of this block are visible to the regions nested below it
+        # (built while the map holds exactly the values defined so far) but not outside it.
+        scope = outer.new_child()
+        block = Block([Value(str(token)[1:], type_) for token, type_ in args])
+        for value in block.args:
+            scope[value.name] = value
+        for text in ops:
+            operands = [self._lookup(token, scope) for token in text.operands]
+            # Regions first: they see the values defined before the op, not its results.
+            regions = [self._block(r.args, r.ops, scope) for r in text.regions]
+            if len(text.types) != len(text.results):
+                raise self._error(f"{text.name} defines {len(text.results)} values but lists "
+                                  f"{len(text.types)} types", text.line)
+            results = [Value(str(token)[1:], type_) for token, type_ in zip(text.results, text.types)]
+            block.ops.append(Op(text.name, operands, results, self._attrs(text.attrs), regions))
+            for value in results:
+                scope[value.name] = value
+        return block
+
+
+# ----- parsing entry points ---------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    # propagate_positions gives each rule's meta the line of its first token.
+    return Lark(read_grammar("ir.lark"), parser="lalr", propagate_positions=True,
+                import_paths=[FromPackageLoader("marlin_dsl.grammar")])
+
+
+def _expected(parser: Lark, names: Iterable[str]) -> str:
+    """Terminal names as a reader knows them: keywords and punctuation quoted."""
+    shown = []
+    for name in names:
+        try:
+            pattern = parser.get_terminal(name).pattern
+        except KeyError:
+            shown.append(name)
+            continue
+        shown.append(f'"{pattern.value}"' if isinstance(pattern, PatternStr) else name)
+    return ", ".join(sorted(shown))
+
+
+def _syntax_error(err: UnexpectedInput, text: str, source: str) -> IRParseError:
+    line = err.line if err.line > 0 else text.count("\n") + 1
+    if isinstance(err, UnexpectedToken):
+        got = "end of input" if err.token.type == "$END" else repr(str(err.token))
+        message = f"unexpected {got}, expected one of: {_expected(_parser(), err.accepts or err.expected)}"
+    elif isinstance(err, UnexpectedCharacters):
+        message = f"unexpected character {err.char!r} at column {err.column}"
+    else:
+        message = "unexpected end of input"
+    return IRParseError(f"syntax error: {message}", SourceLocation(source, line))
+
+
+def parse_kernels(text: str, source: str = "<ir>", check: bool = True) -> list[Kernel]:
+    """Parse every kernel of `text`. With `check` (the default) each kernel is verified; a
+    `VerifyError` then carries the location of the kernel's first line."""
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as err:
+        raise _syntax_error(err, text, source) from None
+    try:
+        texts: list[_KernelText] = _IRTransformer(source).transform(tree)
+    except VisitError as err:
+        # lark wraps exceptions raised in callbacks; ours already carry the location.
+        if isinstance(err.orig_exc, MarlinDSLError):
+            raise err.orig_exc from None
+        raise
+    kernels: list[Kernel] = []
+    first: dict[str, int] = {}
+    for kt in texts:
+        if kt.name in first:
+            raise IRParseError(f"kernel @{kt.name} declared twice (first on line {first[kt.name]})",
+                               SourceLocation(source, kt.line))
+        first[kt.name] = kt.line
+        kernel = _KernelBuilder(kt, source).build()
+        if check:
+            try:
+                verify(kernel)
+            except VerifyError as err:
+                raise VerifyError(err.message, SourceLocation(source, kt.line)) from None
+        kernels.append(kernel)
+    return kernels
+
+
+def parse_kernel(text: str, source: str = "<ir>", check: bool = True) -> Kernel:
+    """Parse text holding exactly one kernel."""
+    kernels = parse_kernels(text, source, check)
+    if len(kernels) != 1:
+        raise IRParseError(f"expected one kernel, found {len(kernels)}", SourceLocation(source, 1))
+    return kernels[0]
+
+
+# ----- structural equality --------------------------------------------------------------------
+
+def _norm(value: Any) -> Any:
+    """A comparable key of an attribute value that keeps its kind (1 != 1.0 != true) and
+    tells floats apart by repr (so -0.0 != 0.0 and nan == nan). numpy scalars count as the
+    Python number they hold and lists as tuples, since both print the same."""
+    if isinstance(value, (bool, np.bool_)):
+        return ("bool", bool(value))
+    if isinstance(value, Integral):
+        return ("int", int(value))
+    if isinstance(value, Real):
+        return ("float", repr(float(value)))
+    if isinstance(value, str):
+        return ("str", str(value))
+    if isinstance(value, (tuple, list)):
+        return ("tuple", tuple(_norm(v) for v in value))
+    return ("other", repr(value))
+
+
+def _norm_attrs(attrs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    return sorted((k, _norm(v)) for k, v in attrs.items())
+
+
+def _grid_key(dim: GridDim) -> tuple:
+    # A constant dimension's tile is meaningless (and not printed).
+    return (None, dim.count) if dim.symbol is None else (dim.symbol, dim.tile, dim.count)
+
+
+def _header(k: Kernel) -> Iterator[tuple[str, Any]]:
+    yield "name", k.name
+    yield "threads", k.threads
+    yield "warp_size", k.warp_size
+    yield "grid", [_grid_key(d) for d in k.grid]
+    yield "scalars", list(k.scalars)
+    yield "buffers", list(k.buffers)
+    yield "shared", list(k.shared)
+    yield "tables", [(t.name, t.elem, _norm(tuple(t.values))) for t in k.tables]
+    yield "attrs", _norm_attrs(k.attrs)
+    yield "body args", [(v.name, v.type) for v in k.body.args]
+
+
+class _Differ:
+    """Walks two kernels in step; values correspond when defined at the same place."""
+
+    def __init__(self) -> None:
+        self.pairs: dict[int, Value] = {}
+
+    def define(self, a: Value, b: Value, where: str) -> str | None:
+        if (a.name, a.type) != (b.name, b.type):
+            return f"{where}: %{a.name}: {a.type} != %{b.name}: {b.type}"
+        self.pairs[id(a)] = b
+        return None
+
+    def use(self, a: Value, b: Value, where: str) -> str | None:
+        if id(a) in self.pairs:
+            return None if self.pairs[id(a)] is b else f"{where}: operand %{a.name} refers to another value"
+        # A value defined nowhere in the kernel (invalid IR): compare by name and type.
+        return self.define(a, b, where)
+
+    def block(self, a: Block, b: Block, where: str) -> str | None:
+        if len(a.args) != len(b.args):
+            return f"{where}: {len(a.args)} != {len(b.args)} region arguments"
+        for x, y in zip(a.args, b.args):
+            if diff := self.define(x, y, f"{where} args"):
+                return diff
+        if len(a.ops) != len(b.ops):
+            return f"{where}: {len(a.ops)} != {len(b.ops)} ops"
+        for i, (x, y) in enumerate(zip(a.ops, b.ops)):
+            if diff := self.op(x, y, f"{where}/op {i} ({x.name})"):
+                return diff
+        return None
+
+    def op(self, a: Op, b: Op, where: str) -> str | None:
+        if a.name != b.name:
+            return f"{where}: op name {a.name} != {b.name}"
+        if _norm_attrs(a.attrs) != _norm_attrs(b.attrs):
+            return f"{where}: attrs {a.attrs} != {b.attrs}"
+        if len(a.operands) != len(b.operands) or len(a.results) != len(b.results) \
+                or len(a.regions) != len(b.regions):
+            return f"{where}: operand, result or region counts differ"
+        for x, y in zip(a.operands, b.operands):
+            if diff := self.use(x, y, where):
+                return diff
+        for i, (x, y) in enumerate(zip(a.regions, b.regions)):
+            if diff := self.block(x, y, f"{where}/region {i}"):
+                return diff
+        for x, y in zip(a.results, b.results):
+            if diff := self.define(x, y, where):
+                return diff
+        return None
+
+
+def kernel_difference(a: Kernel, b: Kernel) -> str | None:
+    """The first structural difference between two kernels, or None when they are equal:
+    names, types, attributes (by kind and value), declarations and the wiring of operands."""
+    for (what, x), (_, y) in zip(_header(a), _header(b)):
+        if x != y:
+            return f"kernel {a.name}: {what} differ: {x} != {y}"
+    return _Differ().block(a.body, b.body, f"kernel {a.name}: body")
+
+
+def kernels_equal(a: Kernel, b: Kernel) -> bool:
+    return kernel_difference(a, b) is None
+
+
+def assert_round_trip(kernel: Kernel) -> Kernel:
+    """Print, parse (verifying) and print again: the parsed kernel must equal `kernel` and the
+    two texts must be identical. Returns the parsed kernel."""
+    text = print_kernel(kernel)
+    parsed = parse_kernel(text, f"<print of {kernel.name}>")
+    diff = kernel_difference(kernel, parsed)
+    if diff is not None:
+        raise AssertionError(f"parse(print(kernel)) differs: {diff}")
+    again = print_kernel(parsed)
+    if again != text:
+        delta = "".join(difflib.unified_diff(text.splitlines(True), again.splitlines(True),
+                                             "print", "print(parse(print))"))
+        raise AssertionError(f"print -> parse -> print is not the identity:\n{delta}")
+    return parsed

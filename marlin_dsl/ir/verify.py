@@ -1,0 +1,81 @@
+"""The IR verifier, run after every pass: SSA scoping, op arity, attributes and types."""
+from __future__ import annotations
+
+from ..errors import MarlinDSLError
+from .core import Block, Kernel, Op, Value
+from .ops import OPS
+from .types import FragmentType
+
+
+class VerifyError(MarlinDSLError):
+    """The IR is malformed; the message names the kernel, the op and what is wrong."""
+
+
+def verify(kernel: Kernel) -> None:
+    """Raise VerifyError at the first problem found."""
+    names: set[str] = set()
+    _check_decls(kernel)
+    _verify_block(kernel, kernel.body, visible=set(), names=names, top=True)
+
+
+def _check_decls(kernel: Kernel) -> None:
+    seen: set[str] = set()
+    for decl in (*kernel.buffers, *kernel.scalars, *kernel.shared, *kernel.tables):
+        if decl.name in seen:
+            raise VerifyError(f"kernel {kernel.name}: symbol @{decl.name} declared twice")
+        seen.add(decl.name)
+    if not 1 <= kernel.threads <= 1024 or kernel.threads % kernel.warp_size:
+        raise VerifyError(f"kernel {kernel.name}: threads {kernel.threads} must be a multiple "
+                          f"of the warp size {kernel.warp_size} in 1..1024")
+
+
+def _verify_block(kernel: Kernel, block: Block, visible: set[int], names: set[str], top: bool) -> None:
+    scope = set(visible)
+    for arg in block.args:
+        _define(kernel, arg, names, None)
+        scope.add(id(arg))
+    for i, op in enumerate(block.ops):
+        where = f"kernel {kernel.name}: op {i} ({op.name}"
+        where += f" -> %{op.results[0].name})" if op.results else ")"
+        definition = OPS.get(op.name)
+        if definition is None:
+            raise VerifyError(f"{where}: unknown op {op.name!r}")
+        for v in op.operands:
+            if id(v) not in scope:
+                raise VerifyError(f"{where}: operand %{v.name} is not defined before its use")
+        lo, hi = definition.operands
+        if len(op.operands) < lo or (hi is not None and len(op.operands) > hi):
+            raise VerifyError(f"{where}: takes {lo}..{hi if hi is not None else 'n'} operands, "
+                              f"got {len(op.operands)}")
+        rlo, rhi = definition.results
+        if len(op.results) < rlo or (rhi is not None and len(op.results) > rhi):
+            raise VerifyError(f"{where}: gives {rlo}..{rhi if rhi is not None else 'n'} results, "
+                              f"got {len(op.results)}")
+        missing = [a for a in definition.attrs if a not in op.attrs]
+        unknown = [a for a in op.attrs if a not in definition.attrs + definition.optional_attrs]
+        if missing or unknown:
+            raise VerifyError(f"{where}: missing attributes {missing}, unknown {unknown}")
+        if op.name != "switch" and len(op.regions) != definition.regions:
+            raise VerifyError(f"{where}: needs {definition.regions} regions, has {len(op.regions)}")
+        if definition.terminator and i != len(block.ops) - 1:
+            raise VerifyError(f"{where}: yield must end its block")
+        if top and definition.terminator:
+            raise VerifyError(f"{where}: the kernel body has no yield")
+        if definition.rule is not None:
+            message = definition.rule(op, kernel)
+            if message:
+                raise VerifyError(f"{where}: {message}")
+        if op.name in ("frag_zero", "frag_load", "mma") and not isinstance(op.result.type, FragmentType):
+            raise VerifyError(f"{where}: must give a fragment")
+        for region in op.regions:
+            _verify_block(kernel, region, scope, names, top=False)
+        for r in op.results:
+            _define(kernel, r, names, where)
+            scope.add(id(r))
+
+
+def _define(kernel: Kernel, v: Value, names: set[str], where: str | None) -> None:
+    if v.name in names:
+        raise VerifyError(f"kernel {kernel.name}: value %{v.name} defined twice"
+                          + (f" ({where})" if where else ""))
+    names.add(v.name)

@@ -1,0 +1,60 @@
+"""Host side of a lowered GEMM: the buffers a kernel takes and how to read its result.
+
+Shared by every executor of a kernel (the IR interpreter, the Metal CPU harness, MLX
+launchers), so they all feed a kernel the same way.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ShapeError
+from .formats import PackedWeights
+from .formats.tensors import check_float_matrix
+from .ir import Kernel
+
+#: Poison written into outputs before a kernel runs: any element the kernel fails to write
+#: stays NaN and fails the comparison.
+POISON = np.nan
+
+
+def round_to_activation(x: np.ndarray, activation: str) -> np.ndarray:
+    """x rounded to f16, or to bf16 (held in float32, round to nearest even)."""
+    if activation == "f16":
+        return x.astype(np.float16)
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Flat input/output buffers and launch scalars for Y = X @ W with a lowered kernel.
+
+    Y is poisoned; the striped pipeline's partial sums are poisoned and its arrival
+    counters zeroed (the kernel leaves them zero again).
+    """
+    xs = check_float_matrix(x, "x")
+    k, n = packed.shape
+    if xs.shape[1] != k:
+        raise ShapeError(f"x: has K={xs.shape[1]} columns, the packed weight has K={k}")
+    # The kernel records its format's name; the packed weight carries the full description.
+    if packed.format.name != kernel.attrs.get("format"):
+        raise ShapeError(f"packed: format {packed.format.name!r} is not the kernel's "
+                         f"{kernel.attrs.get('format')!r}")
+    m = xs.shape[0]
+    activation = str(kernel.attrs["activation"])
+    buffers: dict[str, np.ndarray] = {"x": round_to_activation(xs, activation).ravel()}
+    for name, array in packed.arrays.items():
+        buffers[name] = np.ascontiguousarray(array).ravel()
+    out_dtype = np.float16 if activation == "f16" else np.float32
+    buffers["y"] = np.full(m * n, POISON, dtype=out_dtype)
+    if kernel.attrs.get("pipeline") == "striped":
+        tile_m, tile_n, _ = kernel.attrs["tile"]  # type: ignore[misc]
+        tiles = -(-m // tile_m) * -(-n // tile_n)
+        parallel = int(kernel.attrs["parallel"])
+        buffers["partials"] = np.full(tiles * parallel * tile_m * tile_n, POISON, dtype=np.float32)
+        buffers["counters"] = np.zeros(tiles, dtype=np.uint32)
+    return buffers, {"M": m, "N": n, "K": k}
+
+
+def read_output(buffers: dict[str, np.ndarray], m: int, n: int) -> np.ndarray:
+    return buffers["y"][: m * n].reshape(m, n)

@@ -1,0 +1,137 @@
+"""Tiling schedules (target-neutral) and the GEMMs a spec asks the compiler to build."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from .errors import ScheduleError, SourceLocation
+from .formats import Format
+from .source import caller_location
+from .targets import Target
+
+def _located(obj: object) -> None:
+    if getattr(obj, "location", None) is None:
+        object.__setattr__(obj, "location", caller_location())
+
+
+@dataclass(frozen=True)
+class DoubleBuffered:
+    """Seed 002's marlin_gemm: A and the dequantised B tile staged in threadgroup memory,
+    two stages so loading tile k+1 overlaps computing tile k."""
+
+    kind: Literal["double_buffered"] = "double_buffered"
+
+
+@dataclass(frozen=True)
+class FusedDequant:
+    """Seed 002's marlin_gemm_fused: A in threadgroup memory; each warp dequantises its own
+    slice of B in registers into a small per-warp staging tile (warp barriers only for B)."""
+
+    kind: Literal["fused_dequant"] = "fused_dequant"
+
+
+@dataclass(frozen=True)
+class StripedKParallel:
+    """Seed 002's marlin_gemm_striped: the (M tile, N tile, K slice) work units are
+    linearised over a 1-D grid of `groups` threadgroups; each K slice writes a partial sum
+    and the last threadgroup to arrive at a tile (atomic counter, no float atomics) reduces."""
+
+    parallel: int = 2
+    groups: int = 8
+    kind: Literal["striped"] = "striped"
+
+
+Pipeline = Union[DoubleBuffered, FusedDequant, StripedKParallel]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A threadgroup computes a tile_m x tile_n output tile, stepping K by tile_k; its warps
+    are laid out warps_m x warps_n, each owning a (tile_m/warps_m) x (tile_n/warps_n) tile,
+    which the target covers with its MMA shape. Threads = 32 * warps_m * warps_n."""
+
+    name: str
+    tile_m: int = 64
+    tile_n: int = 64
+    tile_k: int = 32
+    warps_m: int = 2
+    warps_n: int = 2
+    pipeline: Pipeline = field(default_factory=DoubleBuffered)
+    location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        _located(self)
+        for attr in ("tile_m", "tile_n", "tile_k", "warps_m", "warps_n"):
+            value = getattr(self, attr)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ScheduleError(f"schedule {self.name!r}: {attr} must be a positive "
+                                         f"integer, got {value!r}", self.location)
+        for tile, warps in (("tile_m", "warps_m"), ("tile_n", "warps_n")):
+            if getattr(self, tile) % getattr(self, warps):
+                raise ScheduleError(
+                    f"schedule {self.name!r}: {tile}={getattr(self, tile)} is not divisible by "
+                    f"{warps}={getattr(self, warps)}", self.location)
+        if isinstance(self.pipeline, StripedKParallel):
+            if self.pipeline.parallel < 1 or self.pipeline.groups < 1:
+                raise ScheduleError(f"schedule {self.name!r}: striped parallel and groups "
+                                         "must be positive", self.location)
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    def threads(self, target: Target) -> int:
+        return self.warps * target.warp_size
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return self.tile_m // self.warps_m, self.tile_n // self.warps_n
+
+    def mma_grid(self, target: Target) -> tuple[int, int]:
+        """How many MMA tiles (rows, cols) each warp owns on `target`."""
+        wm, wn = self.warp_tile
+        return wm // target.mma_m, wn // target.mma_n
+
+    def k_substeps(self, target: Target) -> int:
+        return self.tile_k // target.mma_k
+
+    def check(self, fmt: Format, target: Target) -> None:
+        """Raise ScheduleError (at the schedule's spec line) if it cannot run."""
+        where = self.location
+        wm, wn = self.warp_tile
+        if wm % target.mma_m or wn % target.mma_n:
+            raise ScheduleError(
+                f"schedule {self.name!r}: warp tile {wm}x{wn} is not a multiple of {target.name}'s "
+                f"MMA tile {target.mma_m}x{target.mma_n}", where)
+        if self.tile_k % target.mma_k:
+            raise ScheduleError(
+                f"schedule {self.name!r}: tile_k={self.tile_k} is not a multiple of {target.name}'s "
+                f"MMA k={target.mma_k}", where)
+        if self.tile_k % fmt.k_granule:
+            raise ScheduleError(
+                f"schedule {self.name!r}: tile_k={self.tile_k} is not a multiple of format "
+                f"{fmt.name!r}'s K granule {fmt.k_granule}", where)
+        threads = self.threads(target)
+        if threads > target.max_threads:
+            raise ScheduleError(
+                f"schedule {self.name!r}: {threads} threads per threadgroup exceed "
+                f"{target.name}'s limit of {target.max_threads}", where)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """Y[M, N] = X[M, K] @ W[K, N] with W in `format`, X and Y in `activation` (f16 or bf16)."""
+
+    name: str
+    format: Format
+    schedule: Schedule
+    activation: Literal["f16", "bf16"] = "f16"
+    location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        _located(self)
+        if not isinstance(self.format, Format) or not isinstance(self.schedule, Schedule):
+            raise ScheduleError(f"gemm {self.name!r}: needs a Format and a Schedule", self.location)
+        if self.activation not in ("f16", "bf16"):
+            raise ScheduleError(f"gemm {self.name!r}: activation must be 'f16' or 'bf16', "
+                                     f"got {self.activation!r}", self.location)

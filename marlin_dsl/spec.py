@@ -1,0 +1,78 @@
+"""Loading spec files: plain Python files that declare formats (and, later, schedules)."""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import MarlinDSLError, SourceLocation, SpecError
+from .formats import Format
+from .schedule import Gemm, Schedule
+
+
+@dataclass
+class Spec:
+    """What one spec file declares, in declaration order.
+
+    `formats` also holds the formats that a declared Gemm uses without naming them at the
+    top level, so every format a kernel depends on is verified.
+    """
+
+    path: Path
+    formats: list[Format]
+    schedules: list[Schedule]
+    gemms: list[Gemm]
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Execute a spec file and collect the formats declared at its top level.
+
+    Errors name the spec file and line: a declaration's own check carries its location, a
+    syntax error or another exception is reported at the spec line that raised it.
+    """
+    spec_path = Path(path)
+    if not spec_path.is_file():
+        raise SpecError(f"spec file {str(spec_path)!r} does not exist")
+    source = spec_path.read_text(encoding="utf-8")
+    filename = str(spec_path)
+    try:
+        code = compile(source, filename, "exec")
+    except SyntaxError as err:
+        raise SpecError(f"syntax error: {err.msg}", SourceLocation(filename, err.lineno or 0)) from err
+    namespace: dict[str, object] = {"__name__": f"marlin_spec_{spec_path.stem}", "__file__": filename}
+    try:
+        exec(code, namespace)
+    except MarlinDSLError:
+        raise
+    except Exception as err:  # report the failing line of the spec, not a deep frame
+        line = _last_line_in(err, filename)
+        raise SpecError(f"{type(err).__name__}: {err}", SourceLocation(filename, line)) from err
+    declared = list(namespace.values())
+    gemms = _unique(v for v in declared if isinstance(v, Gemm))
+    formats = _unique([*(v for v in declared if isinstance(v, Format)), *(g.format for g in gemms)])
+    schedules = _unique([*(v for v in declared if isinstance(v, Schedule)), *(g.schedule for g in gemms)])
+    if not formats:
+        raise SpecError(f"spec file {filename!r} declares no Format or Gemm at its top level")
+    names = [g.name for g in gemms]
+    for g in gemms:
+        if names.count(g.name) > 1:
+            raise SpecError(f"two gemms are named {g.name!r}", g.location)
+    return Spec(spec_path, formats, schedules, gemms)
+
+
+def _unique(values) -> list:
+    """Keep the first of each object (by identity), in order."""
+    out: list = []
+    for v in values:
+        if not any(v is seen for seen in out):
+            out.append(v)
+    return out
+
+
+def _last_line_in(err: BaseException, filename: str) -> int:
+    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == filename]
+    return lines[-1] if lines and lines[-1] is not None else 0
