@@ -7,7 +7,7 @@ take 96 bits = 3 words, and codes 10 and 21 straddle a word boundary (code 10 us
 [31:30] of word 0 and bit [0] of word 1; code 21 uses bit [31] of word 1 and bits [1:0] of
 word 2). The packed codes are [3*K/32, N] uint32.
 """
-from marlin_dsl import Format, GroupScale, IntEncoding, ZeroPoint
+from marlin_dsl import Format, FusedDequant, Gemm, GroupScale, IntEncoding, Schedule, ZeroPoint
 
 int3_zp = Format(
     "int3_zp",
@@ -16,3 +16,7 @@ int3_zp = Format(
     ZeroPoint("u8"),  # value = (code - zero) * scale
     doc="unsigned INT3 with u8 zero points, group 32, 3-bit bit-stream packing",
 )
+
+# A kernel for it: the compiler derives the 3-word decode (with the straddling codes) from
+# the description above; nothing in the compiler knows INT3.
+int3_fused = Gemm("int3_zp_fused", int3_zp, Schedule("fused_64x64x32", pipeline=FusedDequant()))

@@ -9,7 +9,7 @@ one metadata word covers 64 K positions: metadata is [K/64, N]. The kept codes a
 uint32 word in dense-K order ([K/16, N]). Codes index the 16-entry table below (the NormalFloat4
 quantiles of QLoRA, normalised to [-1, 1]), scaled by one fp16 scale per 64 K positions.
 """
-from marlin_dsl import Format, GroupScale, NMSparsity, TableEncoding
+from marlin_dsl import DoubleBuffered, Format, Gemm, GroupScale, NMSparsity, Schedule, TableEncoding
 
 NF4_VALUES = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
@@ -25,3 +25,9 @@ nf4_pairwise_4of8 = Format(
     sparsity=NMSparsity(2, 4, chunk=2),  # 2 of 4 two-wide sub-chunks = 4 of 8 values
     doc="NF4-like table, pair-wise 4:8 sparse (2 of 4 pairs), group 64",
 )
+
+# One metadata word covers 64 K positions, so K steps of 64; a 32-row tile keeps the
+# double-buffered stages within 32 KB of threadgroup memory (2*32*64 + 2*64*64 + 32*64 halves).
+db_32x64x64 = Schedule("db_32x64x64", tile_m=32, tile_n=64, tile_k=64, warps_m=1, warps_n=4,
+                       pipeline=DoubleBuffered())
+nf4_pairwise_db = Gemm("nf4_pairwise_4of8_db", nf4_pairwise_4of8, db_32x64x64)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marlin_dsl.ir import (
-    BF16, BOOL, F16, F32, I32, U8, U16, U32, Block, Builder, BufferParam, ConstTable, GridDim,
+    BF16, BOOL, F16, F32, I32, U8, U16, U32, Builder, BufferParam, ConstTable, GridDim,
     Kernel, Op, ScalarParam, ScalarType, verify,
 )
 from marlin_dsl.passes import FoldPass
@@ -84,7 +84,6 @@ def test_bit_ops_and_division():
 def test_errors_are_left_to_run_time():
     assert folded_value(U32, lambda b: b.binary("div", b.const(1), b.const(0))) is None
     assert folded_value(U32, lambda b: b.binary("shl", b.const(1), b.const(32))) is None
-    assert folded_value(I32, lambda b: b.binary("div", b.const(-7, I32), b.const(2, I32))) is None
     assert folded_value(U32, lambda b: b.cast(b.const(1e10, F32), U32)) is None
     assert folded_value(U32, lambda b: b.cast(b.const(-1.0, F32), U32)) is None
     # overflow to infinity stays an op
@@ -195,12 +194,12 @@ def test_float_add_zero_is_not_an_identity():
     tid = b.index("tid")
     x = b.load("x", tid, F32)
     v = b.binary("add", x, b.const(0.0, F32))  # -0.0 + 0.0 = +0.0: not x
-    w = b.binary("mul", v, b.const(1.0, F32))  # x * 1.0 == x for every x: an identity
+    w = b.binary("mul", v, b.const(1.0, F32))  # x * 1.0 changes a NaN's payload: kept too
     b.store("y", tid, w)
     k = make_kernel(b, [BufferParam("x", F32, "read"), BufferParam("y", F32, "write")])
     fold(k)
-    assert body_names(k).count("add") == 1 and "mul" not in body_names(k)
-    assert k.body.ops[-1].operands[1] is v
+    assert body_names(k).count("add") == 1 and body_names(k).count("mul") == 1
+    assert k.body.ops[-1].operands[1] is w
 
 
 def test_select_with_constant_condition():
@@ -348,6 +347,8 @@ def _expression(draw):
               "shl": "int", "shr": "int"}.get(name, "any" if name in ("lt", "le", "gt", "ge", "eq", "ne") else "num")
         types = [t for t in _TYPES if ok == "any" or (ok == "num" and t != BOOL)
                  or (ok == "int" and t.is_int) or (ok == "intbool" and (t.is_int or t == BOOL))]
+        if name in ("div", "rem"):
+            types = [U8, U16, U32]  # unsigned only (verifier)
         t = draw(st.sampled_from(types))
         a, b_ = draw(_value(t)), draw(_value(t))
         if name in ("shl", "shr") and draw(st.booleans()):

@@ -97,12 +97,11 @@ def test_decode_kernel_interleaves_int_and_float_and_gets_faster():
     # int and float work alternate: many more switches between the two pipes than the naive order
     assert transitions(before_ops) <= 2
     assert transitions(k.body.ops) >= 12
-    # runs of one ALU class are short once both kinds are ready
-    classes = [op_class(op) for op in k.body.ops if op_class(op) in ("int", "float")]
-    first_float = classes.index("float")
-    tail = classes[first_float:]
-    longest = max(len(r) for r in re.findall(r"(i+|f+)", "".join(c[0] for c in tail)))
-    assert longest <= 4, "".join(c[0] for c in classes)
+    # while float work remains, int and float ops alternate (there are twice as many int ops:
+    # the surplus goes before the first float is ready and after the last one)
+    classes = "".join(op_class(op)[0] for op in k.body.ops if op_class(op) in ("int", "float"))
+    middle = classes[classes.index("f"):classes.rindex("f") + 1]
+    assert max(len(run) for run in re.findall(r"i+|f+", middle)) <= 2, classes
     if run_kernel:
         want = run_kernel(before, decode_inputs(), {})["y"]
         assert want.tobytes() == run_kernel(k, decode_inputs(), {})["y"].tobytes()
@@ -184,8 +183,8 @@ def test_graph_keeps_collectives_in_order_and_yield_last():
         bb = b.value("frag_load", [c0], fb, {"buffer": "b", "ld": 8})
         z = b.value("frag_zero", [], fc)
         m1 = b.value("mma", [a, bb, acc], fc)
-        t = b.binary("add", i, b.const(1))
-        m2 = b.value("mma", [a, bb, z], fc)
+        b.binary("add", i, b.const(1))
+        b.value("mma", [a, bb, z], fc)
         b.yield_(b.value("mma", [a, bb, m1], fc))
     loop = b.op("for", [c0, b.const(2), b.const(1), b.value("frag_zero", [], fc)], [fc], regions=[body])
     b.op("frag_store", [loop.result, c0], [], {"buffer": "c", "ld": 8})
@@ -194,7 +193,7 @@ def test_graph_keeps_collectives_in_order_and_yield_last():
     verify(k)
     g = dataflow_graph(body)
     collective = [n for n in g.nodes if op_effects(body.ops[n]).collective]
-    assert collective == [0, 1, 2, 3, 5, 6]
+    assert collective == [0, 1, 2, 3, 6, 7]  # 4, 5: const, add
     for p, q in zip(collective, collective[1:]):
         assert g.has_edge(p, q)
     last = len(body.ops) - 1

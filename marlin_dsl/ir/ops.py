@@ -5,11 +5,12 @@ definitions instead of keeping its own list, so an op is added in one place.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
 from .core import BufferParam, Kernel, Op, SharedArray
-from .types import BOOL, U32, FragmentType, ScalarType, Type, VectorType
+from .types import BOOL, U8, U16, U32, FragmentType, ScalarType, Type, VectorType
 
 TypeRule = Callable[[Op, Kernel], str | None]  # returns an error message or None
 
@@ -44,9 +45,11 @@ def _same(op: Op, _: Kernel) -> str | None:
 
 
 def _int_same(op: Op, k: Kernel) -> str | None:
-    if not (isinstance(op.operands[0].type, ScalarType) and
-            (op.operands[0].type.is_int or op.operands[0].type == BOOL)):
-        return f"needs integer or bool operands, got {op.operands[0].type}"
+    t = op.operands[0].type
+    if not (isinstance(t, ScalarType) and (t.is_int or t == BOOL)):
+        return f"needs integer or bool operands, got {t}"
+    if op.name in ("div", "rem") and t not in (U8, U16, U32):
+        return f"div and rem are unsigned, got {t}"
     return _same(op, k)
 
 
@@ -96,11 +99,15 @@ def _memory(op: Op, kernel: Kernel) -> str | None:
         return f"unknown buffer @{name}"
     if not isinstance(decl, (BufferParam, SharedArray)):
         return f"@{name} is not a buffer or shared array"
+    if op.name in ("store", "atomic_add") and isinstance(decl, BufferParam) and decl.access == "read":
+        return f"{op.name} to read-only buffer @{name}"
+    if op.name == "atomic_add" and not isinstance(decl, BufferParam):
+        return "atomic_add works on device buffers only"
     elem = decl.elem
     if op.operands[0].type != U32:
         return "memory index must be u32"
-    pred_at = {"load": 1, "vload": 1, "store": 2, "atomic_add": 9}[op.name]
-    if len(op.operands) > pred_at and op.operands[pred_at].type != BOOL:
+    predicate_at = {"load": 1, "vload": 1, "store": 2}.get(op.name)  # atomic_add has none
+    if predicate_at is not None and len(op.operands) > predicate_at and op.operands[predicate_at].type != BOOL:
         return "predicate must be bool"
     if op.name == "load" and op.result.type != elem:
         return f"load from @{name} gives {elem}, not {op.result.type}"
@@ -137,6 +144,8 @@ def _frag_load(op: Op, kernel: Kernel) -> str | None:
     t = op.result.type
     if err or not isinstance(t, FragmentType) or t.role not in ("a", "b"):
         return err or "frag_load gives an a or b fragment"
+    if kernel.symbol(str(op.attrs["buffer"])).elem != t.elem:  # type: ignore[union-attr]
+        return f"frag_load of {t} from a buffer of another element type"
     return None if op.operands[0].type == U32 else "fragment offset must be u32"
 
 
@@ -145,15 +154,48 @@ def _frag_store(op: Op, kernel: Kernel) -> str | None:
     t = op.operands[0].type
     if err or not isinstance(t, FragmentType) or t.role != "c":
         return err or "frag_store takes a c fragment"
+    decl = kernel.symbol(str(op.attrs["buffer"]))
+    if isinstance(decl, BufferParam) and decl.access == "read":
+        return f"frag_store to read-only buffer @{decl.name}"
     return None if op.operands[1].type == U32 else "fragment offset must be u32"
 
 
 def _memory_name(op: Op, kernel: Kernel) -> str | None:
     try:
-        kernel.symbol(str(op.attrs["buffer"]))
+        decl = kernel.symbol(str(op.attrs["buffer"]))
     except KeyError:
         return f"unknown buffer @{op.attrs['buffer']}"
-    return None
+    return None if isinstance(decl, (BufferParam, SharedArray)) else f"@{decl.name} is not memory"
+
+
+_INDEX_KINDS = ("tid", "lane", "warp", "group_x", "group_y", "group_z")
+_SCOPES = {"barrier": ("threadgroup", "simdgroup"), "fence": ("device", "threadgroup")}
+
+
+def _index(op: Op, k: Kernel) -> str | None:
+    if op.attrs["kind"] not in _INDEX_KINDS:
+        return f"index kind must be one of {_INDEX_KINDS}, got {op.attrs['kind']!r}"
+    return _u32_result(op, k)
+
+
+def _scoped(op: Op, _: Kernel) -> str | None:
+    allowed = _SCOPES[op.name]
+    return None if op.attrs["scope"] in allowed else f"{op.name} scope must be one of {allowed}"
+
+
+def _const(op: Op, k: Kernel) -> str | None:
+    t, value = op.result.type, op.attrs["value"]
+    if not isinstance(t, ScalarType):
+        return "const gives a scalar"
+    if t == BOOL:
+        return None if isinstance(value, bool) else f"a bool const needs true/false, got {value!r}"
+    if t.is_int:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            return f"an integer const needs an integer value, got {value!r}"
+        lo, hi = (-(2 ** 31), 2 ** 31 - 1) if t.name == "i32" else (0, 2 ** t.bits - 1)
+        return None if lo <= value <= hi else f"{value} does not fit in {t}"
+    return None if isinstance(value, numbers.Real) and not isinstance(value, bool) else \
+        f"a float const needs a number, got {value!r}"
 
 
 def _frag_zero(op: Op, _: Kernel) -> str | None:
@@ -222,9 +264,9 @@ def _define(*defs: OpDef) -> None:
 
 _BIN = (2, 2)
 _define(
-    OpDef("const", (0, 0), ("value",), results=(1, 1), rule=_scalar_result,
+    OpDef("const", (0, 0), ("value",), results=(1, 1), rule=_const,
           doc="a compile-time constant of the result type"),
-    OpDef("index", (0, 0), ("kind",), results=(1, 1), rule=_u32_result,
+    OpDef("index", (0, 0), ("kind",), results=(1, 1), rule=_index,
           doc="thread coordinates: tid, lane, warp, group_x, group_y, group_z"),
     OpDef("scalar", (0, 0), ("name",), results=(1, 1), rule=_u32_result,
           doc="a launch-time scalar (M, N, K)"),
@@ -245,9 +287,9 @@ _define(
     OpDef("atomic_add", (2, 2), ("buffer",), results=(1, 1), writes_memory=True,
           reads_memory=True, rule=_memory, doc="returns the old value"),
     OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, doc="constant table lookup"),
-    OpDef("barrier", (0, 0), ("scope",), writes_memory=True,
+    OpDef("barrier", (0, 0), ("scope",), writes_memory=True, rule=_scoped,
           doc="threadgroup: all threads of the group; simdgroup: the threads of one warp"),
-    OpDef("fence", (0, 0), ("scope",), writes_memory=True, doc="memory ordering for device memory"),
+    OpDef("fence", (0, 0), ("scope",), writes_memory=True, rule=_scoped, doc="memory ordering for device memory"),
     OpDef("frag_zero", (0, 0), results=(1, 1), rule=_frag_zero, collective=True),
     OpDef("frag_load", (1, 1), ("buffer", "ld"), ("transpose",), results=(1, 1),
           reads_memory=True, collective=True, rule=_frag_load,

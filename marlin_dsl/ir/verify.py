@@ -27,6 +27,14 @@ def _check_decls(kernel: Kernel) -> None:
     if not 1 <= kernel.threads <= 1024 or kernel.threads % kernel.warp_size:
         raise VerifyError(f"kernel {kernel.name}: threads {kernel.threads} must be a multiple "
                           f"of the warp size {kernel.warp_size} in 1..1024")
+    for decl in kernel.buffers:
+        if decl.access not in ("read", "write", "readwrite"):
+            raise VerifyError(f"kernel {kernel.name}: buffer @{decl.name} access must be read, "
+                              f"write or readwrite, got {decl.access!r}")
+    scalars = {s.name for s in kernel.scalars}
+    for dim in kernel.grid:
+        if dim.symbol is not None and dim.symbol not in scalars:
+            raise VerifyError(f"kernel {kernel.name}: grid uses undeclared scalar {dim.symbol!r}")
 
 
 def _verify_block(kernel: Kernel, block: Block, visible: set[int], names: set[str], top: bool) -> None:
