@@ -51,13 +51,13 @@ def validate(packed: PackedWeights) -> None:
 
 def _check_patterns(packed: PackedWeights, sp: BlockPatternSparsity) -> None:
     from .layout import block_patterns
-    from .reference import dequantize
+    from .reference import dequantized_nonzero
     from .tensors import QuantizedWeights
 
     fmt = packed.format
     codes = unpack_bits(packed["qweight"], fmt.element.bits, fmt.packing.word_bits)
     logical = QuantizedWeights(fmt, codes, packed["scales"], packed.arrays.get("zeros"))
-    required = block_patterns(fmt, dequantize(logical) != 0)
+    required = block_patterns(fmt, dequantized_nonzero(logical))
     missing = required & ~packed["patterns"]
     if missing.any():
         kb, nb = first_index(missing != 0)

@@ -1,0 +1,567 @@
+"""Metal printer: kernel IR -> Metal Shading Language for MLX's `mx.fast.metal_kernel`.
+
+`print_metal(kernel)` returns a `MetalSource`: `.header` (program-scope text: the includes,
+constant tables as `constant` arrays, helper functions) and `.body` (the statements MLX
+wraps in its generated kernel signature), plus the names MLX needs and `.full_source()`,
+which reproduces the complete kernel text MLX compiles (header + signature + body).
+
+The printer knows only the IR (docs/IR.md), nothing of formats or schedules. It prints
+kernels before passes (structured `for` / `if` / `switch` regions, loops carrying values)
+and after them.
+
+Calling convention (how `mx.fast.metal_kernel` sees the kernel):
+
+- inputs (`input_names`): the read-only buffers in kernel order, then `dims`, a small u32
+  array holding the launch scalars in `kernel.scalars` order (M, N, K). Passing them as an
+  input keeps one compiled kernel for every shape (template constants would recompile per
+  shape). MLX passes inputs of fewer than 8 elements in the `constant` address space, so
+  `dims` arrives as `const constant uint32_t*`; the body only indexes it.
+- outputs (`output_names`): the write and readwrite buffers in kernel order. MLX allocates
+  outputs itself, so readwrite buffers (the striped pipeline's `partials` and `counters`)
+  must start as the kernel expects: launch with `init_value=0` (counters must be zero).
+- the grid MLX dispatches is in *threads*: `launch_dims(scalars)` gives `grid` and
+  `threadgroup` for `mx.fast.metal_kernel(...)(grid=..., threadgroup=...)`.
+- thread coordinates come from the attributes MLX adds when their names occur in the body:
+  `threadgroup_position_in_grid`, `thread_index_in_threadgroup`,
+  `simdgroup_index_in_threadgroup`, `thread_index_in_simdgroup`.
+
+Printing rules: every SSA value is a local variable named `v_<name>` (`uint v_c3 = 2u;`);
+f16 -> `half`, bf16 -> `bfloat` (Metal 3.1+), vectors -> `half2`/`uint4`..., fragments ->
+`simdgroup_matrix<T, 8, 8>`. `for` loops declare their carried values before the loop and
+assign them at `yield`; `if`/`switch` results are declared before the statement and assigned
+in every region. Loads with a predicate become `(p ? buf[i] : T(0))`, stores with one
+`if (p) buf[i] = v;`. A fragment stored to memory of another element type is converted lane
+by lane through `thread_elements()` (helper `mtl_convert_frag` in the header).
+Threadgroup barriers fence threadgroup memory, and device memory too when the kernel has a
+readwrite buffer (the IR's barrier makes both visible within the group); `fence[device]`
+prints as `threadgroup_barrier(mem_flags::mem_device)`, so like a barrier it must be reached
+by every thread of the group (it is, in the lowered kernels).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CompileError
+from ..ir.core import Block, BufferParam, ConstTable, Kernel, Op, Value
+from ..ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
+from ..targets import METAL
+
+__all__ = ["MetalSource", "print_metal", "metal_type", "MLX_ATTRIBUTES", "DIMS_NAME"]
+
+#: The name of the input holding the launch scalars.
+DIMS_NAME = "dims"
+
+#: MLX's kernel attributes in the order its signature writer lists them (mlx/fast.cpp): an
+#: attribute is a parameter of the kernel when its name occurs anywhere in the body.
+MLX_ATTRIBUTES: tuple[tuple[str, str], ...] = (
+    ("dispatch_quadgroups_per_threadgroup", "uint"),
+    ("dispatch_simdgroups_per_threadgroup", "uint"),
+    ("dispatch_threads_per_threadgroup", "uint3"),
+    ("grid_origin", "uint3"),
+    ("grid_size", "uint3"),
+    ("quadgroup_index_in_threadgroup", "uint"),
+    ("quadgroups_per_threadgroup", "uint"),
+    ("simdgroup_index_in_threadgroup", "uint"),
+    ("simdgroups_per_threadgroup", "uint"),
+    ("thread_execution_width", "uint"),
+    ("thread_index_in_quadgroup", "uint"),
+    ("thread_index_in_simdgroup", "uint"),
+    ("thread_index_in_threadgroup", "uint"),
+    ("thread_position_in_grid", "uint3"),
+    ("thread_position_in_threadgroup", "uint3"),
+    ("threadgroup_position_in_grid", "uint3"),
+    ("threadgroups_per_grid", "uint3"),
+    ("threads_per_grid", "uint3"),
+    ("threads_per_simdgroup", "uint"),
+    ("threads_per_threadgroup", "uint3"),
+)
+
+#: Inputs with fewer elements than this are passed in the constant address space by MLX.
+MLX_MAX_CONSTANT_ARRAY_SIZE = 8
+
+_SCALAR = {"bool": "bool", "u8": "uchar", "u16": "ushort", "u32": "uint", "i32": "int",
+           "f16": "half", "bf16": "bfloat", "f32": "float"}
+#: MLX's `get_type_string` spelling of each buffer dtype (what its signature writer prints).
+_MLX_DTYPE = {"bool": "bool", "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t",
+              "i32": "int32_t", "f16": "float16_t", "bf16": "bfloat16_t", "f32": "float"}
+_INDEX = {"tid": "thread_index_in_threadgroup", "lane": "thread_index_in_simdgroup",
+          "warp": "simdgroup_index_in_threadgroup", "group_x": "threadgroup_position_in_grid.x",
+          "group_y": "threadgroup_position_in_grid.y", "group_z": "threadgroup_position_in_grid.z"}
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|",
+           "xor": "^", "shl": "<<", "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+           "eq": "==", "ne": "!="}
+_FRAG_ELEMS = ("f16", "bf16", "f32")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def metal_type(t: Type) -> str:
+    """The Metal spelling of an IR type."""
+    if isinstance(t, ScalarType):
+        return _SCALAR[t.name]
+    if isinstance(t, VectorType):
+        if not 2 <= t.size <= 4:
+            raise CompileError(f"metal: vectors have 2 to 4 elements, not {t.size} ({t})")
+        return f"{_SCALAR[t.elem.name]}{t.size}"
+    if isinstance(t, FragmentType):
+        if (t.rows, t.cols) != (8, 8) or t.elem.name not in _FRAG_ELEMS:
+            raise CompileError(f"metal: simdgroup matrices are 8x8 of half, bfloat or float, not {t}")
+        return f"simdgroup_matrix<{_SCALAR[t.elem.name]}, 8, 8>"
+    raise CompileError(f"metal: no spelling for type {t}")
+
+
+def _round_float(value: float, t: ScalarType) -> float:
+    """value rounded once to t (as the interpreter rounds a const)."""
+    if t == F32:
+        return float(np.float32(value))
+    if t == F16:
+        return float(np.float16(value))
+    if t == BF16:
+        from ..ir.interpret import _f64_to_f32_odd, round_bf16
+        return float(round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))[0])
+    raise TypeError(t)
+
+
+def _float_literal(value: float, t: ScalarType) -> str:
+    """An exact Metal expression of type t for `value` rounded to t."""
+    v = _round_float(float(value), t)
+    name = _SCALAR[t.name]
+    if math.isnan(v) or math.isinf(v):
+        if t == F32:
+            bits = int(np.array([v], np.float32).view(np.uint32)[0])
+            return f"as_type<float>({bits:#010x}u)"
+        if t == F16:
+            bits = int(np.array([v], np.float16).view(np.uint16)[0])
+        else:
+            bits = int(np.array([v], np.float32).view(np.uint32)[0]) >> 16
+        return f"as_type<{name}>(ushort({bits:#06x}))"
+    text = repr(v) + "f"  # v is a float32 value: the f32 literal is exact
+    return text if t == F32 else f"{name}({text})"
+
+
+def _int_literal(value: int | bool, t: ScalarType) -> str:
+    if t == BOOL:
+        return "true" if value else "false"
+    value = int(value)
+    if t.name == "u32":
+        return f"{value}u"
+    if t.name == "i32":
+        return "int(-2147483647 - 1)" if value == -2 ** 31 else (f"{value}" if value >= 0 else f"({value})")
+    return f"{_SCALAR[t.name]}({value})"
+
+
+def _literal(value, t: ScalarType) -> str:
+    return _float_literal(value, t) if t.is_float else _int_literal(value, t)
+
+
+@dataclass
+class MetalSource:
+    """A kernel printed for Metal: what `mx.fast.metal_kernel` takes, and the full text."""
+
+    name: str
+    header: str
+    body: str
+    input_names: list[str]
+    output_names: list[str]
+    #: MLX dtype string of every input and output (`float16_t`, `uint32_t`, ...).
+    dtypes: dict[str, str]
+    threads: int
+    grid: tuple  # the kernel's GridDims
+    scalar_names: list[str] = field(default_factory=list)
+
+    @property
+    def attributes(self) -> list[tuple[str, str]]:
+        """(type, name) of the thread attributes MLX adds: those whose names occur in the body."""
+        return [(t, a) for a, t in MLX_ATTRIBUTES if a in self.body]
+
+    def mlx_kernel_name(self, input_sizes: dict[str, int] | None = None) -> str:
+        """The function name MLX gives the kernel (`custom_kernel_<name>_<input dtypes>...`)."""
+        parts = [f"custom_kernel_{self.name}"]
+        for n in self.input_names:
+            suffix = "c" if self._is_constant(n, input_sizes) else ""
+            parts.append(self.dtypes[n] + suffix)
+        parts += [self.dtypes[n] for n in self.output_names]
+        return "_".join(parts)
+
+    def _is_constant(self, name: str, input_sizes: dict[str, int] | None) -> bool:
+        size = len(self.scalar_names) if name == DIMS_NAME else (input_sizes or {}).get(name)
+        return size is not None and size < MLX_MAX_CONSTANT_ARRAY_SIZE
+
+    def signature(self, name: str | None = None, input_sizes: dict[str, int] | None = None) -> str:
+        """The kernel signature MLX's `write_signature` generates for this body, ending in `{`.
+
+        Inputs are `const device T*` (`const constant T*` when MLX would pass them as
+        constants: fewer than 8 elements; `dims` always is, other inputs when `input_sizes`
+        says so), outputs `device T*`, then the used thread attributes."""
+        name = name or self.mlx_kernel_name(input_sizes)
+        params = []
+        index = 0
+        for n in self.input_names:
+            space = "constant" if self._is_constant(n, input_sizes) else "device"
+            params.append(f"  const {space} {self.dtypes[n]}* {n} [[buffer({index})]]")
+            index += 1
+        for n in self.output_names:
+            params.append(f"  device {self.dtypes[n]}* {n} [[buffer({index})]]")
+            index += 1
+        params += [f"  {t} {a} [[{a}]]" for t, a in self.attributes]
+        return f"[[kernel]] void {name}(\n" + ",\n".join(params) + ") {\n"
+
+    def full_source(self, signature: str | None = None, name: str | None = None,
+                    input_sizes: dict[str, int] | None = None) -> str:
+        """header + signature + body + closing brace, as MLX assembles it (without MLX's own
+        utility prelude). `signature` replaces the generated one (text up to and including
+        the opening brace)."""
+        sig = signature if signature is not None else self.signature(name, input_sizes)
+        return self.header + sig + self.body + "\n}\n"
+
+    def launch_dims(self, scalars: dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(grid in threads, threadgroup) for MLX's dispatch_threads launch."""
+        sizes = {k: int(v) for k, v in scalars.items()}
+        groups = [d.evaluate(sizes) for d in self.grid]
+        return (groups[0] * self.threads, groups[1], groups[2]), (self.threads, 1, 1)
+
+    def dims(self, scalars: dict[str, int]) -> np.ndarray:
+        """The `dims` input for these launch scalars."""
+        return np.array([int(scalars[n]) for n in self.scalar_names], dtype=np.uint32)
+
+
+class _Printer:
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self.taken: set[str] = set()
+        self.helpers: set[str] = set()
+        self.buffers = {b.name: b for b in kernel.buffers}
+        self.shared = {s.name: s for s in kernel.shared}
+        self.tables = {t.name: t for t in kernel.tables}
+        self.scalar_index = {s.name: i for i, s in enumerate(kernel.scalars)}
+        self.table_names: dict[str, str] = {}
+        reserved = {DIMS_NAME, *self.buffers, *self.shared}
+        for n in reserved:
+            if not _IDENT.match(n):
+                raise CompileError(f"metal: kernel {kernel.name}: @{n} is not a valid Metal identifier")
+        if DIMS_NAME in self.buffers or DIMS_NAME in self.shared:
+            raise CompileError(f"metal: kernel {kernel.name}: @{DIMS_NAME} is reserved for the launch scalars")
+        self.taken |= reserved | {a for a, _ in MLX_ATTRIBUTES}
+        for t in kernel.tables:
+            name = self._unique("tbl_" + re.sub(r"\W", "_", t.name))
+            self.table_names[t.name] = name
+        device_rw = any(b.access == "readwrite" for b in kernel.buffers)
+        self.tg_flags = "mem_flags::mem_threadgroup | mem_flags::mem_device" if device_rw \
+            else "mem_flags::mem_threadgroup"
+
+    # ----- names ---------------------------------------------------------------------------
+
+    def _unique(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.taken:
+            name = f"{base}_{n}"
+            n += 1
+        self.taken.add(name)
+        return name
+
+    def define(self, v: Value) -> str:
+        name = self._unique("v_" + re.sub(r"\W", "_", v.name))
+        self.names[id(v)] = name
+        return name
+
+    def ref(self, v: Value) -> str:
+        try:
+            return self.names[id(v)]
+        except KeyError:
+            raise CompileError(f"metal: kernel {self.k.name}: %{v.name} used before its definition") from None
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    # ----- memory --------------------------------------------------------------------------
+
+    def memory(self, name: str) -> tuple[str, ScalarType]:
+        if name in self.buffers:
+            return name, self.buffers[name].elem
+        if name in self.shared:
+            return name, self.shared[name].elem
+        raise CompileError(f"metal: kernel {self.k.name}: unknown memory @{name}")
+
+    # ----- blocks ----------------------------------------------------------------------------
+
+    def block(self, block: Block, depth: int, on_yield) -> None:
+        for op in block.ops:
+            if op.name == "yield":
+                on_yield(op, depth)
+            else:
+                self.op(op, depth)
+
+    def declare(self, depth: int, v: Value, expr: str) -> None:
+        self.emit(depth, f"{metal_type(v.type)} {self.define(v)} = {expr};")
+
+    def op(self, op: Op, depth: int) -> None:
+        n, a = op.name, op.attrs
+        ops = [self.ref(v) for v in op.operands] if n not in ("for",) else None
+        if n == "const":
+            t = op.result.type
+            if not isinstance(t, ScalarType):
+                raise CompileError(f"metal: const of type {t}")
+            self.declare(depth, op.result, _literal(a["value"], t))
+        elif n == "index":
+            self.declare(depth, op.result, _INDEX[str(a["kind"])])
+        elif n == "scalar":
+            self.declare(depth, op.result, f"{DIMS_NAME}[{self.scalar_index[str(a['name'])]}]")
+        elif n in _BINARY:
+            t = op.operands[0].type
+            expr = f"{ops[0]} {_BINARY[n]} {ops[1]}"
+            if isinstance(t, ScalarType) and t.name in ("u8", "u16", "bf16") and n not in ("lt", "le", "gt", "ge", "eq", "ne") \
+                    or isinstance(t, ScalarType) and t == BOOL and n in ("and", "or", "xor"):
+                expr = f"{metal_type(t)}({expr})"  # undo the promotion to int
+            self.declare(depth, op.result, expr)
+        elif n in ("min", "max"):
+            t = op.operands[0].type
+            if isinstance(t, ScalarType) and t.is_float:
+                fn = "metal::fmin" if n == "min" else "metal::fmax"
+                if t == BF16:
+                    expr = f"bfloat({fn}(float({ops[0]}), float({ops[1]})))"
+                else:
+                    expr = f"{fn}({ops[0]}, {ops[1]})"
+            else:
+                expr = f"metal::{n}({ops[0]}, {ops[1]})"
+            self.declare(depth, op.result, expr)
+        elif n == "fma":
+            t = op.result.type
+            if t == BF16:
+                expr = f"bfloat(metal::fma(float({ops[0]}), float({ops[1]}), float({ops[2]})))"
+            else:
+                expr = f"metal::fma({ops[0]}, {ops[1]}, {ops[2]})"
+            self.declare(depth, op.result, expr)
+        elif n == "select":
+            self.declare(depth, op.result, f"{ops[0]} ? {ops[1]} : {ops[2]}")
+        elif n == "cast":
+            self.declare(depth, op.result, f"static_cast<{metal_type(op.result.type)}>({ops[0]})")
+        elif n == "bitcast":
+            self.declare(depth, op.result, f"as_type<{metal_type(op.result.type)}>({ops[0]})")
+        elif n == "load":
+            buf, elem = self.memory(str(a["buffer"]))
+            access = f"{buf}[{ops[0]}]"
+            if len(ops) > 1:
+                access = f"{ops[1]} ? {access} : {metal_type(elem)}(0)"
+            self.declare(depth, op.result, access)
+        elif n == "vload":
+            buf, elem = self.memory(str(a["buffer"]))
+            size = int(a["size"])
+            vt = metal_type(op.result.type)
+            parts = [f"{buf}[{ops[0]}]"] + [f"{buf}[{ops[0]} + {i}u]" for i in range(1, size)]
+            access = f"{vt}({', '.join(parts)})"
+            if len(ops) > 1:
+                access = f"{ops[1]} ? {access} : {vt}({metal_type(elem)}(0))"
+            self.declare(depth, op.result, access)
+        elif n == "extract":
+            self.declare(depth, op.result, f"{ops[0]}[{int(a['index'])}]")
+        elif n == "store":
+            buf, _ = self.memory(str(a["buffer"]))
+            stmt = f"{buf}[{ops[0]}] = {ops[1]};"
+            self.emit(depth, f"if ({ops[2]}) {stmt}" if len(ops) > 2 else stmt)
+        elif n == "atomic_add":
+            buf = str(a["buffer"])
+            self.declare(depth, op.result, f"atomic_fetch_add_explicit((device atomic_uint*)&{buf}[{ops[0]}], "
+                                           f"{ops[1]}, memory_order_relaxed)")
+        elif n == "table":
+            self.declare(depth, op.result, f"{self.table_names[str(a['name'])]}[{ops[0]}]")
+        elif n == "barrier":
+            if a["scope"] == "threadgroup":
+                self.emit(depth, f"threadgroup_barrier({self.tg_flags});")
+            else:
+                self.emit(depth, "simdgroup_barrier(mem_flags::mem_threadgroup);")
+        elif n == "fence":
+            flags = "mem_flags::mem_device" if a["scope"] == "device" else "mem_flags::mem_threadgroup"
+            self.emit(depth, f"threadgroup_barrier({flags});")
+        elif n == "frag_zero":
+            t = op.result.type
+            mt = metal_type(t)
+            elem = _SCALAR[t.elem.name]  # type: ignore[union-attr]
+            self.declare(depth, op.result, f"make_filled_{mt}({elem}(0))")
+        elif n == "frag_load":
+            buf, _ = self.memory(str(a["buffer"]))
+            t = op.result.type
+            name = self.define(op.result)
+            transpose = "true" if a.get("transpose") else "false"
+            self.emit(depth, f"{metal_type(t)} {name};")
+            self.emit(depth, f"simdgroup_load({name}, {buf} + {ops[0]}, {int(a['ld'])}, ulong2(0, 0), {transpose});")
+        elif n == "frag_store":
+            buf, elem = self.memory(str(a["buffer"]))
+            t = op.operands[0].type
+            frag = ops[0]
+            if t.elem != elem:  # type: ignore[union-attr]
+                if elem.name not in _FRAG_ELEMS:
+                    raise CompileError(f"metal: frag_store of {t} to @{buf} of {elem}")
+                self.helpers.add("convert_frag")
+                frag = f"mtl_convert_frag<{_SCALAR[elem.name]}>({frag})"
+            self.emit(depth, f"simdgroup_store({frag}, {buf} + {ops[1]}, {int(a['ld'])});")
+        elif n == "mma":
+            name = self.define(op.result)
+            self.emit(depth, f"{metal_type(op.result.type)} {name};")
+            self.emit(depth, f"simdgroup_multiply_accumulate({name}, {ops[0]}, {ops[1]}, {ops[2]});")
+        elif n == "for":
+            self.for_(op, depth)
+        elif n == "if":
+            self.if_(op, depth)
+        elif n == "switch":
+            self.switch(op, depth)
+        else:
+            raise CompileError(f"metal: kernel {self.k.name}: no Metal for op {n}")
+
+    # ----- structured control flow ------------------------------------------------------------
+
+    def _declare_results(self, op: Op, depth: int) -> list[str]:
+        names = []
+        for r in op.results:
+            name = self.define(r)
+            self.emit(depth, f"{metal_type(r.type)} {name};")
+            names.append(name)
+        return names
+
+    def _assign(self, targets: list[str], values: list[str], depth: int) -> None:
+        pairs = [(t, v) for t, v in zip(targets, values) if t != v]
+        if any(v in targets for _, v in pairs):  # parallel assignment through temporaries
+            temps = []
+            for i, (t, v) in enumerate(pairs):
+                tmp = self._unique(f"{t}_next")
+                temps.append(tmp)
+                self.emit(depth, f"auto {tmp} = {v};")
+            pairs = [(t, tmp) for (t, _), tmp in zip(pairs, temps)]
+        for t, v in pairs:
+            self.emit(depth, f"{t} = {v};")
+
+    def for_(self, op: Op, depth: int) -> None:
+        lb, ub, step = (self.ref(v) for v in op.operands[:3])
+        inits = [self.ref(v) for v in op.operands[3:]]
+        body = op.regions[0]
+        iv, carried = body.args[0], body.args[1:]
+        state = []
+        for arg, init in zip(carried, inits):
+            name = self.define(arg)
+            self.emit(depth, f"{metal_type(arg.type)} {name} = {init};")
+            state.append(name)
+        ivn = self.define(iv)
+        self.emit(depth, f"for (uint {ivn} = {lb}; {ivn} < {ub}; {ivn} += {step}) {{")
+
+        def on_yield(y: Op, d: int) -> None:
+            self._assign(state, [self.ref(v) for v in y.operands], d)
+
+        self.block(body, depth + 1, on_yield)
+        self.emit(depth, "}")
+        for r, s in zip(op.results, state):
+            self.emit(depth, f"{metal_type(r.type)} {self.define(r)} = {s};")
+
+    def _region(self, region: Block, results: list[str], depth: int) -> None:
+        def on_yield(y: Op, d: int) -> None:
+            self._assign(results, [self.ref(v) for v in y.operands], d)
+
+        self.block(region, depth, on_yield)
+
+    @staticmethod
+    def _empty(region: Block) -> bool:
+        return all(o.name == "yield" and not o.operands for o in region.ops)
+
+    def if_(self, op: Op, depth: int) -> None:
+        cond = self.ref(op.operands[0])
+        results = self._declare_results(op, depth)
+        then, other = op.regions
+        self.emit(depth, f"if ({cond}) {{")
+        self._region(then, results, depth + 1)
+        if self._empty(other) and not results:
+            self.emit(depth, "}")
+            return
+        self.emit(depth, "} else {")
+        self._region(other, results, depth + 1)
+        self.emit(depth, "}")
+
+    def switch(self, op: Op, depth: int) -> None:
+        sel = self.ref(op.operands[0])
+        results = self._declare_results(op, depth)
+        cases = tuple(op.attrs["cases"])  # type: ignore[arg-type]
+        self.emit(depth, f"switch ({sel}) {{")
+        for value, region in zip(cases, op.regions):
+            self.emit(depth + 1, f"case {int(value)}u: {{")
+            self._region(region, results, depth + 2)
+            self.emit(depth + 2, "break;")
+            self.emit(depth + 1, "}")
+        self.emit(depth + 1, "default: {")
+        self._region(op.regions[len(cases)], results, depth + 2)
+        self.emit(depth + 2, "break;")
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
+
+    # ----- whole kernel -----------------------------------------------------------------------
+
+    def header(self) -> str:
+        k = self.k
+        out = [f"// kernel {k.name}: generated by marlin_dsl.backends.metal",
+               "#include <metal_stdlib>", "using namespace metal;", ""]
+        for t in k.tables:
+            elem = _SCALAR[t.elem.name]
+            values = [_literal(v, t.elem) for v in t.values]
+            rows = [", ".join(values[i:i + 8]) for i in range(0, len(values), 8)]
+            out.append(f"constant {elem} {self.table_names[t.name]}[{len(values)}] = {{")
+            out += [f"  {r}," for r in rows]
+            out.append("};")
+            out.append("")
+        if "convert_frag" in self.helpers:
+            out += [
+                "// A fragment converted element by element: both matrices share the lane layout.",
+                "template <typename D, typename S>",
+                "inline simdgroup_matrix<D, 8, 8> mtl_convert_frag(simdgroup_matrix<S, 8, 8> m) {",
+                "  simdgroup_matrix<D, 8, 8> r;",
+                "  thread vec<S, 2>& src = reinterpret_cast<thread vec<S, 2>&>(m.thread_elements());",
+                "  thread vec<D, 2>& dst = reinterpret_cast<thread vec<D, 2>&>(r.thread_elements());",
+                "  dst = vec<D, 2>(src);",
+                "  return r;",
+                "}",
+                "",
+            ]
+        return "\n".join(out) + "\n"
+
+    def run(self) -> MetalSource:
+        k = self.k
+        if k.warp_size != METAL.warp_size:
+            raise CompileError(f"metal: kernel {k.name}: simdgroups have {METAL.warp_size} threads, "
+                               f"the kernel assumes {k.warp_size}")
+        if k.threads > METAL.max_threads or k.threads % METAL.warp_size or k.threads < 1:
+            raise CompileError(f"metal: kernel {k.name}: {k.threads} threads per threadgroup; Metal "
+                               f"allows a multiple of {METAL.warp_size} up to {METAL.max_threads}")
+        if k.shared_bytes > METAL.max_shared_bytes:
+            raise CompileError(f"metal: kernel {k.name}: {k.shared_bytes} bytes of threadgroup memory, "
+                               f"over Metal's limit of {METAL.max_shared_bytes}")
+        grid = ", ".join(str(d) for d in k.grid)
+        self.emit(1, f"// {k.threads} threads per threadgroup, grid [{grid}] threadgroups")
+        for s in k.shared:
+            self.emit(1, f"threadgroup {_SCALAR[s.elem.name]} {s.name}[{s.size}];")
+
+        def top_yield(y: Op, d: int) -> None:
+            raise CompileError(f"metal: kernel {k.name}: yield in the kernel body")
+
+        self.block(k.body, 1, top_yield)
+        body = "\n".join(self.lines) + "\n"
+        inputs = [b.name for b in k.buffers if b.access == "read"] + [DIMS_NAME]
+        outputs = [b.name for b in k.buffers if b.access != "read"]
+        if not outputs:
+            raise CompileError(f"metal: kernel {k.name}: MLX kernels need at least one output buffer")
+        dtypes = {b.name: _MLX_DTYPE[b.elem.name] for b in k.buffers}
+        dtypes[DIMS_NAME] = "uint32_t"
+        for n in inputs:  # MLX adds shape/stride parameters when these names occur in the body
+            for suffix in ("_shape", "_strides", "_ndim"):
+                if n + suffix in body:
+                    raise CompileError(f"metal: kernel {k.name}: the body mentions {n + suffix}, which "
+                                       "MLX would turn into an extra kernel parameter")
+        return MetalSource(name=k.name, header=self.header(), body=body, input_names=inputs,
+                           output_names=outputs, dtypes=dtypes, threads=k.threads, grid=tuple(k.grid),
+                           scalar_names=[s.name for s in k.scalars])
+
+
+def print_metal(kernel: Kernel) -> MetalSource:
+    """Print `kernel` as Metal for `mx.fast.metal_kernel` (see the module docstring)."""
+    if not _IDENT.match(kernel.name):
+        raise CompileError(f"metal: kernel name {kernel.name!r} is not a valid Metal identifier")
+    return _Printer(kernel).run()
