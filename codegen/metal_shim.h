@@ -21,8 +21,11 @@
 //   Threadgroups run one after another, in a random (seeded) order. Within a threadgroup
 //   every thread is a user-level thread (a fiber with its own stack) and all of them run
 //   concurrently, interleaved by a scheduler on the calling OS thread. A fiber runs until it
-//   reaches a synchronisation point; the scheduler then resumes a *random* runnable fiber
-//   (seeded xorshift). Synchronisation points are real rendezvous:
+//   reaches a synchronisation point; the scheduler then resumes another runnable fiber chosen
+//   at random (seeded xorshift) under one of four policies picked by seed % 4: uniformly
+//   random, or random simdgroup priorities (one simdgroup runs ahead of the others between
+//   threadgroup barriers) without / with rare / with frequent random demotions of the
+//   running simdgroup (see pick_next). Synchronisation points are real rendezvous:
 //     - threadgroup_barrier: the fiber blocks until all threads of the group arrive, at the
 //       same barrier (call site); a different site is reported as a divergent barrier, a
 //       thread that exits while others wait (or before others reach a barrier) as well.
@@ -134,6 +137,9 @@ struct bfloat {
   bfloat(double d) : bits(mtl_rt::f32_to_bf16_bits(mtl_rt::f64_to_f32_odd(d))) {}
   template <typename I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
   bfloat(I i) : bfloat((double)i) {}
+#if defined(__FLT16_MAX__)
+  bfloat(_Float16 h) : bfloat((float)h) {}
+#endif
   operator float() const { return mtl_rt::bits_f32((uint32_t)bits << 16); }
   friend bfloat operator+(bfloat a, bfloat b) { return bfloat(float(a) + float(b)); }
   friend bfloat operator-(bfloat a, bfloat b) { return bfloat(float(a) - float(b)); }
@@ -151,7 +157,6 @@ struct bfloat {
 #if defined(__FLT16_MAX__) && !defined(MTL_SHIM_EMULATE_HALF)
 typedef _Float16 half;
 #define MTL_SHIM_NATIVE_HALF 1
-inline bfloat mtl_bf16_from_half(half h) { return bfloat((float)h); }
 #else
 #define MTL_SHIM_NATIVE_HALF 0
 // IEEE binary16 emulated: every operation computes in float and rounds once to half
@@ -379,7 +384,11 @@ struct Group {
   uint3 pos, dims;
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
-  std::vector<int> runnable;
+  std::vector<std::vector<int>> runnable;  // per simdgroup: its runnable lanes (thread ids)
+  size_t n_runnable = 0;
+  std::vector<int> priority;  // simdgroup ids, highest priority first
+  int policy = 0;             // see pick_next
+  uint64_t demote_mask = 0;   // demote the running simdgroup when (random & mask) == 0
   uint tg_arrived = 0;
   Site tg_site;
   uint finished = 0;
@@ -433,7 +442,44 @@ inline void suspend(Fiber* f) {
 
 inline void make_runnable(Group* g, Fiber* f) {
   f->state = F_RUNNABLE;
-  g->runnable.push_back((int)f->tid);
+  g->runnable[f->tid / 32].push_back((int)f->tid);
+  g->n_runnable++;
+}
+
+// Scheduling policies (chosen per launch from the seed, see launch):
+//   0: uniform: any runnable thread of the group, at random;
+//   1..3: simdgroup priority: the simdgroups have a random priority order and a random lane of
+//      the highest-priority simdgroup with a runnable lane runs, so one simdgroup runs ahead of
+//      the others from one threadgroup barrier to the next (exposing missing barriers as
+//      reads of unwritten or stale threadgroup memory); with policies 2 and 3 the running
+//      simdgroup is demoted to the lowest priority at random moments (rarely / often).
+inline int pick_next(Group* g) {
+  int w = -1;
+  if (g->policy == 0) {
+    uint64_t r = next_random(g->rng) % g->n_runnable;
+    for (uint i = 0; i < g->W; ++i) {
+      if (r < g->runnable[i].size()) { w = (int)i; break; }
+      r -= g->runnable[i].size();
+    }
+  } else {
+    for (int i : g->priority)
+      if (!g->runnable[i].empty()) { w = i; break; }
+    if (g->demote_mask && (next_random(g->rng) & g->demote_mask) == 0) {
+      for (size_t i = 0; i < g->priority.size(); ++i)
+        if (g->priority[i] == w) {
+          g->priority.erase(g->priority.begin() + (long)i);
+          g->priority.push_back(w);
+          break;
+        }
+    }
+  }
+  auto& lanes = g->runnable[w];
+  size_t pick = (size_t)(next_random(g->rng) % lanes.size());
+  int id = lanes[pick];
+  lanes[pick] = lanes.back();
+  lanes.pop_back();
+  g->n_runnable--;
+  return id;
 }
 
 inline void threadgroup_barrier_at(const Site& s) {
@@ -632,15 +678,19 @@ inline std::string deadlock_report(Group* g) {
 
 // Runs every thread of one threadgroup to completion. Returns false on an error (g->error).
 inline bool run_group(Group* g) {
-  g->runnable.clear();
+  g->runnable.assign(g->W, {});
+  g->n_runnable = 0;
+  g->priority.resize(g->W);
+  for (uint i = 0; i < g->W; ++i) g->priority[i] = (int)i;
+  for (size_t i = g->W; i > 1; --i) std::swap(g->priority[i - 1], g->priority[next_random(g->rng) % i]);
   g->finished = 0;
   g->tg_arrived = 0;
   g->failed = false;
   for (auto& w : g->warps) w.arrived = 0;
   for (auto& f : g->fibers) {
+    make_runnable(g, &f);
     f.state = F_NEW;
     f.coll = Coll();
-    g->runnable.push_back((int)f.tid);
     getcontext(&f.uc);
     f.uc.uc_stack.ss_sp = f.stack;
     f.uc.uc_stack.ss_size = f.stack_size;
@@ -648,16 +698,12 @@ inline bool run_group(Group* g) {
     makecontext(&f.uc, (void (*)())fiber_entry, 0);
   }
   while (g->finished < g->T) {
-    if (g->runnable.empty()) {
+    if (g->n_runnable == 0) {
       g->failed = true;
       g->error = deadlock_report(g);
       return false;
     }
-    size_t pick = (size_t)(next_random(g->rng) % g->runnable.size());
-    int id = g->runnable[pick];
-    g->runnable[pick] = g->runnable.back();
-    g->runnable.pop_back();
-    Fiber* f = &g->fibers[id];
+    Fiber* f = &g->fibers[pick_next(g)];
     g_fiber = f;
     if (!_setjmp(g->sched)) {
       if (f->state == F_NEW) {
@@ -720,6 +766,8 @@ inline int launch(Thunk thunk, void* ctx, uint gx, uint gy, uint gz, uint thread
   g->ctx = ctx;
   g->rng = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
   if (!g->rng) g->rng = 1;
+  g->policy = (int)(seed % 4);
+  g->demote_mask = g->policy == 2 ? 1023 : g->policy == 3 ? 63 : 0;
   for (uint t = 0; t < threads; ++t) {
     Fiber& f = g->fibers[t];
     f.group = g;
@@ -735,10 +783,10 @@ inline int launch(Thunk thunk, void* ctx, uint gx, uint gy, uint gz, uint thread
   for (size_t i = total; i > 1; --i) std::swap(order[i - 1], order[next_random(g->rng) % i]);
 
   // Fault and timeout handling for this OS thread.
-  static char altstack_mem[1 << 16];
+  std::vector<char> altstack_mem(1 << 16);
   stack_t alt{}, old_alt{};
-  alt.ss_sp = altstack_mem;
-  alt.ss_size = sizeof altstack_mem;
+  alt.ss_sp = altstack_mem.data();
+  alt.ss_size = altstack_mem.size();
   sigaltstack(&alt, &old_alt);
   g_launch_tid = (pid_t)syscall(SYS_gettid);
   struct sigaction sa{};

@@ -171,6 +171,10 @@ class MetalSource:
     threads: int
     grid: tuple  # the kernel's GridDims
     scalar_names: list[str] = field(default_factory=list)
+    #: "read", "write" or "readwrite" for every buffer (dims: "read").
+    access: dict[str, str] = field(default_factory=dict)
+    #: threadgroup memory the kernel declares, in bytes.
+    shared_bytes: int = 0
 
     @property
     def attributes(self) -> list[tuple[str, str]]:
@@ -222,6 +226,16 @@ class MetalSource:
         sizes = {k: int(v) for k, v in scalars.items()}
         groups = [d.evaluate(sizes) for d in self.grid]
         return (groups[0] * self.threads, groups[1], groups[2]), (self.threads, 1, 1)
+
+    def mlx_kernel(self):
+        """This kernel as `mx.fast.metal_kernel(...)` (it runs where MLX has a Metal backend:
+        call it with `inputs=[...input_names order..., dims]`, `grid`/`threadgroup` from
+        `launch_dims`, the output shapes and dtypes, and `init_value=0`)."""
+        import mlx.core as mx
+
+        return mx.fast.metal_kernel(name=self.name, input_names=list(self.input_names),
+                                    output_names=list(self.output_names), source=self.body,
+                                    header=self.header)
 
     def dims(self, scalars: dict[str, int]) -> np.ndarray:
         """The `dims` input for these launch scalars."""
@@ -557,7 +571,9 @@ class _Printer:
                                        "MLX would turn into an extra kernel parameter")
         return MetalSource(name=k.name, header=self.header(), body=body, input_names=inputs,
                            output_names=outputs, dtypes=dtypes, threads=k.threads, grid=tuple(k.grid),
-                           scalar_names=[s.name for s in k.scalars])
+                           scalar_names=[s.name for s in k.scalars],
+                           access={**{b.name: b.access for b in k.buffers}, DIMS_NAME: "read"},
+                           shared_bytes=k.shared_bytes)
 
 
 def print_metal(kernel: Kernel) -> MetalSource:

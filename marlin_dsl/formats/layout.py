@@ -107,15 +107,12 @@ def unpack(packed: PackedWeights) -> QuantizedWeights:
     sp = fmt.sparsity
     keep = None
     if isinstance(sp, NMSparsity):
-        positions = metadata_positions(packed["meta"], sp, word)
+        positions = _metadata_positions_u8(packed["meta"], sp, word)
         blocks = k // sp.block_k
-        chunks = np.zeros((blocks, sp.m, sp.chunk, n), dtype=np.uint8)
         values = stored.reshape(blocks, sp.n, sp.chunk, n)
-        np.put_along_axis(chunks, positions[:, :, None, :], values, axis=1)
-        kept = np.zeros((blocks, sp.m, n), dtype=bool)
-        np.put_along_axis(kept, positions, True, axis=1)
+        chunks, kept = _place_chunks(values, positions, sp.m)
         codes = chunks.reshape(k, n)
-        keep = np.repeat(kept, sp.chunk, axis=1).reshape(k, n)
+        keep = (kept if sp.chunk == 1 else np.repeat(kept, sp.chunk, axis=1)).reshape(k, n)
     else:
         codes = stored
     return QuantizedWeights(fmt, codes, packed["scales"], zeros, keep)
@@ -123,9 +120,38 @@ def unpack(packed: PackedWeights) -> QuantizedWeights:
 
 def metadata_positions(meta: np.ndarray, sp: NMSparsity, word_bits: int) -> np.ndarray:
     """Packed metadata words -> [blocks, n, N] kept chunk positions."""
-    fields = unpack_bits(meta, sp.meta_bits, word_bits).astype(np.int64)
-    shifts = (np.arange(sp.n) * sp.index_bits)[None, :, None]
-    return (fields[:, None, :] >> shifts) & ((1 << sp.index_bits) - 1)
+    return _metadata_positions_u8(meta, sp, word_bits).astype(np.int64)
+
+
+def _metadata_positions_u8(meta: np.ndarray, sp: NMSparsity, word_bits: int) -> np.ndarray:
+    """`metadata_positions` as uint8 (index_bits <= 8 as m <= 256), extracted in the fields'
+    own unsigned type rather than through [blocks, n, N] int64 temporaries."""
+    fields = unpack_bits(meta, sp.meta_bits, word_bits)
+    mask = fields.dtype.type((1 << sp.index_bits) - 1)
+    positions = np.empty((fields.shape[0], sp.n, fields.shape[1]), dtype=np.uint8)
+    for i in range(sp.n):
+        positions[:, i] = (fields >> fields.dtype.type(i * sp.index_bits)) & mask
+    return positions
+
+
+def _place_chunks(values: np.ndarray, positions: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """[B, n, c, N] stored codes and [B, n, N] validated positions (strictly increasing, so
+    distinct, each below m) -> the [B, m, c, N] codes, 0 in dropped chunks, and the [B, m, N]
+    kept mask that np.put_along_axis writes into zeros. As no two slots share a position,
+    chunk p is the OR over slots s of (the codes of s if s's position is p, else 0)."""
+    blocks, slots, chunk, cols = values.shape
+    chunks = np.zeros((blocks, m, chunk, cols), dtype=values.dtype)
+    kept = np.zeros((blocks, m, cols), dtype=bool)
+    run = max(1, BLOCK_ELEMENTS // (m * chunk * cols))
+    for b0 in range(0, blocks, run):
+        source, place = values[b0:b0 + run], positions[b0:b0 + run]
+        out, out_kept = chunks[b0:b0 + run], kept[b0:b0 + run]
+        for s in range(slots):
+            for p in range(m):
+                here = place[:, s] == p
+                out_kept[:, p] |= here
+                out[:, p] |= source[:, s] & (here.view(np.uint8)[:, None, :] * np.uint8(0xFF))
+    return chunks, kept
 
 
 def block_patterns(fmt: Format, nonzero: np.ndarray) -> np.ndarray:

@@ -1,0 +1,381 @@
+"""The MLX-facing API: `dequantize_mx` against the float64 reference for every built-in and
+example format, `quantized_linear` on MLX's CPU device against `reference_matmul`,
+`MarlinLinear` (from_linear, from_quantized_linear, bias, freezing, weights on disk), argument
+errors and backend selection.
+
+Tolerances of the matmul are stated relative to sum_k |x_mk| |W_kn| (computed in float64 from
+the *dequantised* weight): floating-point error of a dot product scales with its terms, not
+with the result, which may cancel to near zero.
+"""
+from __future__ import annotations
+
+import runpy
+from math import lcm
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import marlin_dsl as md
+from marlin_dsl.errors import MarlinDSLError, ShapeError, ValueRangeError
+from marlin_dsl.formats import PER_COLUMN
+from marlin_dsl.mlx_ops import dequantize_mx, packed_to_mx
+from marlin_dsl.nn import (MarlinLinear, _run_kernel_backend, pack_fp4_weights, quantized_linear,
+                           select_backend)
+from marlin_dsl.verify import sample_weights
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+# Formats the MLX path must derive without code of its own: the built-ins, the two example
+# spec files, and a few more descriptions that stress the derivation (per-column scales,
+# 16-bit words with straddling 5-bit codes, 3:8 with 9-bit metadata fields straddling words).
+EXTRA_FORMATS = {
+    "int3_zp": runpy.run_path(str(EXAMPLES / "int3_zero_point.py"))["int3_zp"],
+    "nf4_pairwise_4of8": runpy.run_path(str(EXAMPLES / "nf4_pairwise_4of8.py"))["nf4_pairwise_4of8"],
+    "int4_per_column": md.builtin_format("int4", PER_COLUMN),
+    "int5_words16": md.Format("int5_words16", md.IntEncoding(5, offset=16), md.GroupScale(32),
+                              packing=md.Packing(word_bits=16)),
+    "fp4_3of8": md.Format("fp4_3of8", md.FloatEncoding(4, exp_bits=2, man_bits=1, bias=1),
+                          md.GroupScale(256), sparsity=md.NMSparsity(3, 8)),
+}
+FORMATS = {name: md.builtin_format(name) for name in md.BUILTIN_FORMATS} | EXTRA_FORMATS
+DENSE_BUILTINS = ["fp4", "int4", "uint4_zp", "nf4"]
+
+#: Relative tolerances of quantized_linear against the float64 reference (see module doc).
+#: f16/bf16: the dequantised weight is rounded once to the activation type (2**-11 / 2**-8)
+#: and so is the output; f32: accumulation error over K <= 384 terms.
+RTOL = {mx.float16: 2e-3, mx.bfloat16: 1.6e-2, mx.float32: 1e-5}
+
+
+def k_unit(fmt: md.Format) -> int:
+    """The smallest K that fits the format: whole packed word groups and whole scale groups."""
+    g = fmt.scale.group_size
+    return fmt.k_granule if g == PER_COLUMN else lcm(fmt.k_granule, int(g))
+
+
+def packed_random(fmt: md.Format, k: int, n: int, seed: int) -> md.PackedWeights:
+    rng = np.random.default_rng(seed)
+    return md.pack(fmt, sample_weights(fmt, k, n, rng))
+
+
+def mx_dequant(packed: md.PackedWeights) -> np.ndarray:
+    return np.array(dequantize_mx(packed.format, packed.shape, packed_to_mx(packed.arrays)))
+
+
+# ----- dequantize_mx ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("groups, n", [(1, 1), (2, 37), (3, 70)])
+def test_dequantize_mx_matches_reference(name: str, groups: int, n: int) -> None:
+    fmt = FORMATS[name]
+    k = k_unit(fmt) * groups
+    packed = packed_random(fmt, k, n, seed=groups * 100 + n)
+    ref = md.dequantize(packed)
+    got = mx_dequant(packed)
+    assert got.dtype == np.float32 and got.shape == (k, n)
+    if fmt.element.kind == "table":
+        # Table entry rounded to f32, then the product rounded: within one f32 ulp.
+        ulp = np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64)
+        assert np.all(np.abs(got.astype(np.float64) - ref) <= ulp)
+    else:
+        # Float and integer codes: every step is exact, so got is ref rounded to float32.
+        np.testing.assert_array_equal(got, ref.astype(np.float32))
+    if fmt.sparsity is not None and isinstance(fmt.sparsity, md.NMSparsity):
+        assert np.all(got[ref == 0.0] == 0.0)  # pruned positions are 0.0, not table[0]
+
+
+def test_dequantize_mx_rejects_wrong_arrays() -> None:
+    packed = packed_random(md.builtin_format("uint4_zp"), 128, 8, seed=0)
+    arrays = packed_to_mx(packed.arrays)
+    with pytest.raises(ShapeError, match="zeros"):
+        dequantize_mx(packed.format, packed.shape, {k: v for k, v in arrays.items() if k != "zeros"})
+    with pytest.raises(ShapeError, match=r"\['scales'\].*dtype"):
+        dequantize_mx(packed.format, packed.shape, arrays | {"scales": arrays["scales"].astype(mx.float32)})
+    with pytest.raises(ShapeError, match=r"\['qweight'\].*shape"):
+        dequantize_mx(packed.format, (256, 8), arrays)
+
+
+# ----- quantized_linear -------------------------------------------------------------------
+
+def _check_against_reference(y: mx.array, x: mx.array, packed: md.PackedWeights,
+                             rtol: float, bias: np.ndarray | None = None) -> None:
+    """y == x @ dequantize(packed) (+ bias) within rtol * (|x| @ |W|), x as passed (rounded)."""
+    x64 = np.array(x.astype(mx.float32)).astype(np.float64)
+    k, n = packed.shape
+    flat = x64.reshape(-1, k)
+    ref = md.reference_matmul(flat, packed)
+    scale = np.abs(flat) @ np.abs(md.dequantize(packed))
+    if bias is not None:
+        ref = ref + bias
+        scale = scale + np.abs(bias)
+    got = np.array(y.astype(mx.float32)).astype(np.float64).reshape(-1, n)
+    assert np.all(np.abs(got - ref) <= rtol * scale + 1e-30), np.max(np.abs(got - ref) / (scale + 1e-30))
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32], ids=str)
+def test_quantized_linear_matches_reference(name: str, dtype: mx.Dtype) -> None:
+    fmt = FORMATS[name]
+    k, n = k_unit(fmt) * 2, 37  # an N tail of every tile size
+    packed = packed_random(fmt, k, n, seed=7)
+    for m in (1, 3, 65):
+        x = mx.array(np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)).astype(dtype)
+        y = quantized_linear(x, packed)
+        assert y.dtype == dtype and y.shape == (m, n)
+        _check_against_reference(y, x, packed, RTOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32], ids=str)
+def test_quantized_linear_batched_input(dtype: mx.Dtype) -> None:
+    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((256, 48)))
+    x = mx.array(np.random.default_rng(1).standard_normal((2, 5, 256)).astype(np.float32)).astype(dtype)
+    y = quantized_linear(x, packed)
+    assert y.shape == (2, 5, 48) and y.dtype == dtype
+    _check_against_reference(y, x, packed, RTOL[dtype])
+    # 1-D x (a single token) works as in mlx.nn.Linear.
+    assert quantized_linear(x[0, 0], packed).shape == (48,)
+
+
+def test_quantized_linear_bias() -> None:
+    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 24)))
+    bias = np.random.default_rng(1).standard_normal(24).astype(np.float32)
+    for dtype in (mx.float16, mx.float32):
+        x = mx.array(np.random.default_rng(2).standard_normal((3, 128)).astype(np.float32)).astype(dtype)
+        y = quantized_linear(x, packed, bias=mx.array(bias))
+        assert y.dtype == dtype  # an f32 bias does not promote an f16 result
+        rounded_bias = np.array(mx.array(bias).astype(dtype).astype(mx.float32)).astype(np.float64)
+        _check_against_reference(y, x, packed, RTOL[dtype], rounded_bias)
+    with pytest.raises(ShapeError, match="bias"):
+        quantized_linear(x, packed, bias=mx.zeros((23,)))
+    with pytest.raises(ValueRangeError, match=r"bias: non-finite .* index \(4,\)"):
+        quantized_linear(x, packed, bias=mx.array(np.where(np.arange(24) == 4, np.nan, 0.0)))
+
+
+def test_quantized_linear_bad_input() -> None:
+    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
+    with pytest.raises(ShapeError, match=r"x: has K=120"):
+        quantized_linear(mx.zeros((2, 120)), packed)
+    with pytest.raises(ShapeError, match=r"x: expected rank >= 1"):
+        quantized_linear(mx.array(1.0), packed)
+    with pytest.raises(ShapeError, match=r"x: expected dtype"):
+        quantized_linear(mx.zeros((2, 128), dtype=mx.int32), packed)
+    with pytest.raises(ShapeError, match=r"x: expected an mlx.core.array"):
+        quantized_linear(np.zeros((2, 128), dtype=np.float32), packed)  # type: ignore[arg-type]
+    x = np.zeros((2, 128), dtype=np.float32)
+    x[1, 5] = np.nan
+    with pytest.raises(ValueRangeError, match=r"x: non-finite value nan at index \(1, 5\)"):
+        quantized_linear(mx.array(x), packed)
+    with pytest.raises(ShapeError, match="packed"):
+        quantized_linear(mx.zeros((2, 128)), {"qweight": None})  # type: ignore[arg-type]
+    for error in (ShapeError, ValueRangeError, MarlinDSLError):
+        assert issubclass(error, ValueError)
+
+
+# ----- backends ---------------------------------------------------------------------------
+
+def test_backend_selection_on_this_machine() -> None:
+    if mx.default_device().type == mx.DeviceType.cpu:
+        assert select_backend("auto") == "mlx"
+    with pytest.raises(MarlinDSLError, match="backend: expected one of"):
+        select_backend("opencl")
+
+
+@pytest.mark.skipif(mx.metal.is_available(), reason="Metal is available here")
+def test_explicit_metal_backend_is_a_clear_error() -> None:
+    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
+    with pytest.raises(MarlinDSLError, match="the Metal backend needs an Apple GPU"):
+        quantized_linear(mx.zeros((1, 128)), packed, backend="metal")
+    layer = MarlinLinear(128, 16, backend="metal")
+    with pytest.raises(MarlinDSLError, match="the Metal backend needs"):
+        layer(mx.zeros((1, 128)))
+
+
+@pytest.mark.skipif(bool(getattr(mx, "cuda", None) and mx.cuda.is_available()),
+                    reason="CUDA is available here")
+def test_explicit_cuda_backend_is_a_clear_error() -> None:
+    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
+    with pytest.raises(MarlinDSLError, match="the CUDA backend needs an NVIDIA GPU"):
+        quantized_linear(mx.zeros((1, 128)), packed, backend="cuda")
+
+
+def test_auto_runs_where_a_kernel_backend_is_not_wired(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU "auto" selects a kernel backend; until its launcher is wired in, it must fall
+    back to the MLX-op path rather than fail, so models run anywhere."""
+    import marlin_dsl.nn as mnn
+
+    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
+    x = mx.random.normal((2, 128), key=mx.random.key(3))
+    expected = np.array(quantized_linear(x, packed, backend="mlx"))
+    monkeypatch.setattr(mnn, "select_backend", lambda backend="auto": "metal")
+    np.testing.assert_array_equal(np.array(quantized_linear(x, packed)), expected)
+
+
+def test_kernel_dispatch_not_wired_is_a_clear_error() -> None:
+    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
+    with pytest.raises(MarlinDSLError, match="Metal kernels are not wired"):
+        _run_kernel_backend("metal", mx.zeros((1, 128)), packed)
+
+
+# ----- MarlinLinear -----------------------------------------------------------------------
+
+def _half_step_bound(packed: md.PackedWeights, w: np.ndarray) -> np.ndarray:
+    """Per element, half the gap between the two representable values around w: the largest
+    error of round-to-nearest into the format (with its scales and zero points)."""
+    fmt = packed.format
+    k, n = packed.shape
+    g = fmt.group_size_for(k)
+    s = np.repeat(packed["scales"].astype(np.float64), g, axis=0)
+    z = (np.repeat(packed["zeros"].astype(np.float64), g, axis=0)
+         if fmt.zero_point is not None else 0.0)
+    table = np.unique(fmt.element.table())
+    u = np.clip(w / s + z, table[0], table[-1])  # w in table units
+    hi = np.clip(np.searchsorted(table, u), 1, len(table) - 1)
+    return 0.5 * (table[hi] - table[hi - 1]) * np.abs(s) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", DENSE_BUILTINS + ["fp4_2of4"])
+def test_from_linear_round_trip(name: str) -> None:
+    k, n = 256, 40
+    linear = nn.Linear(k, n)
+    layer = MarlinLinear.from_linear(linear, name)
+    packed = layer.to_packed()
+    assert packed.format == md.builtin_format(name) and packed.shape == (k, n)
+    md.validate(packed)
+    w = np.array(linear.weight).astype(np.float64).T  # [N, K] -> [K, N]
+    w_deq = md.dequantize(packed)
+    bound = _half_step_bound(packed, w)
+    if packed.format.sparsity is None:
+        assert np.all(np.abs(w_deq - w) <= bound)
+    else:  # kept positions round to nearest; pruned ones are 0.0
+        unpacked = md.unpack(packed)
+        kept = unpacked.keep
+        assert np.all(np.abs(w_deq - w)[kept] <= bound[kept]) and np.all(w_deq[~kept] == 0.0)
+    # The output error is what the weight error implies, plus f32 rounding.
+    x = mx.random.normal((3, k), key=mx.random.key(0))
+    x64 = np.array(x).astype(np.float64)
+    bias = np.array(linear.bias).astype(np.float64)
+    got = np.array(layer(x)).astype(np.float64)
+    exact = x64 @ w + bias
+    allowed = np.abs(x64) @ np.abs(w_deq - w) + RTOL[mx.float32] * (np.abs(x64) @ np.abs(w_deq) + np.abs(bias))
+    assert np.all(np.abs(got - exact) <= allowed + 1e-12)
+    # And MarlinLinear equals the functional form on its own packed weight.
+    np.testing.assert_array_equal(np.array(layer(x)), np.array(quantized_linear(x, packed, mx.array(bias, dtype=mx.float32))))
+
+
+def test_from_linear_options_and_errors() -> None:
+    linear = nn.Linear(128, 8, bias=False)
+    layer = MarlinLinear.from_linear(linear, "nf4", group_size=32)
+    assert "bias" not in layer and layer.format.scale.group_size == 32
+    custom = EXTRA_FORMATS["int3_zp"]
+    assert MarlinLinear.from_linear(nn.Linear(64, 8), custom).format is custom
+    with pytest.raises(MarlinDSLError, match="group_size"):
+        MarlinLinear.from_linear(linear, custom, group_size=64)
+    with pytest.raises(MarlinDSLError, match="format"):
+        MarlinLinear.from_linear(linear, "fp5")
+    with pytest.raises(ShapeError, match="linear.weight"):
+        MarlinLinear.from_linear(nn.Linear(100, 8), "fp4")
+    with pytest.raises(ShapeError, match="from_quantized_linear"):
+        MarlinLinear.from_linear(nn.QuantizedLinear(128, 8), "fp4")  # type: ignore[arg-type]
+    # bfloat16 models convert exactly to float32 before packing.
+    bf = nn.Linear(128, 8)
+    bf.set_dtype(mx.bfloat16)
+    assert MarlinLinear.from_linear(bf).to_packed().shape == (128, 8)
+
+
+def test_marlin_linear_module_behaviour(tmp_path: Path) -> None:
+    layer = MarlinLinear(256, 24, format="uint4_zp", group_size=64)
+    assert sorted(k for k, _ in tree_flatten(layer.parameters())) == ["bias", "qweight", "scales", "zeros"]
+    assert tree_flatten(layer.trainable_parameters()) == []  # frozen, like QuantizedLinear
+    assert layer["qweight"].dtype == mx.uint32 and layer["zeros"].dtype == mx.uint8
+    x = mx.random.normal((4, 256), key=mx.random.key(1))
+    y = layer(x)
+    assert y.shape == (4, 24) and y.dtype == mx.float32
+    with pytest.raises(ShapeError, match="x: has K=128"):
+        layer(mx.zeros((1, 128)))
+    # Weights round-trip through MLX's own file formats like any module's.
+    path = str(tmp_path / "layer.safetensors")
+    layer.save_weights(path)
+    other = MarlinLinear(256, 24, format="uint4_zp", group_size=64)
+    other.load_weights(path)
+    np.testing.assert_array_equal(np.array(other(x)), np.array(y))
+    # Gradients flow to the input through a frozen layer.
+    grad = mx.grad(lambda v: layer(v).sum())(x)
+    assert grad.shape == x.shape
+    with pytest.raises(ShapeError, match="input_dims"):
+        MarlinLinear(100, 8)
+    # A model built from MarlinLinear runs (on whatever device MLX defaults to).
+    model = nn.Sequential(MarlinLinear(256, 64, format="nf4"), nn.ReLU(), MarlinLinear(64, 8, format="int4", group_size=64))
+    assert model(x.astype(mx.float16)).dtype == mx.float16
+
+
+def test_from_packed_validates() -> None:
+    packed = md.pack_fp4_2of4_weights(np.random.default_rng(0).standard_normal((128, 8)))
+    packed.arrays["meta"] = packed.arrays["meta"].copy()
+    packed.arrays["meta"][0, 0] = 0  # nibble 0: position 0 kept twice
+    with pytest.raises(ValueRangeError, match=r"meta\[0, 0\]"):
+        MarlinLinear.from_packed(packed)
+    good = md.pack_int4_weights(np.random.default_rng(0).standard_normal((128, 8)))
+    with pytest.raises(ShapeError, match="bias"):
+        MarlinLinear.from_packed(good, np.zeros(8, dtype=np.float32))  # type: ignore[arg-type]
+    layer = MarlinLinear.from_packed(good, mx.ones((8,)))
+    assert tree_flatten(layer.trainable_parameters()) == []
+    for name, array in layer.to_packed().arrays.items():
+        np.testing.assert_array_equal(array, good[name])
+
+
+# ----- from_quantized_linear --------------------------------------------------------------
+
+def _representable_ql(k: int, n: int, bits: int, group_size: int, seed: int,
+                      max_zero: int = 255) -> nn.QuantizedLinear:
+    """An MLX affine QuantizedLinear whose groups all fit (q - z) * s: fp16 scales (stored as
+    float32, some negative as MLX's quantiser makes them) and biases b = -z * s."""
+    rng = np.random.default_rng(seed)
+    ql = nn.QuantizedLinear(k, n, bias=True, group_size=group_size, bits=bits)
+    shape = (n, k // group_size)
+    s = (rng.uniform(1e-3, 0.1, shape) * rng.choice([-1.0, 1.0], shape)).astype(np.float16)
+    z = rng.integers(0, max_zero + 1, shape)
+    ql.scales = mx.array(s.astype(np.float32))
+    ql.biases = mx.array((-z * s.astype(np.float64)).astype(np.float32))  # exact in f32
+    ql.bias = mx.array(rng.standard_normal(n).astype(np.float32))
+    return ql
+
+
+@pytest.mark.parametrize("bits, max_zero", [(4, 15), (4, 255), (3, 7), (8, 255)])
+def test_from_quantized_linear_exact(bits: int, max_zero: int) -> None:
+    k, n, gs = 256, 20, 64
+    ql = _representable_ql(k, n, bits, gs, seed=bits, max_zero=max_zero)
+    layer = MarlinLinear.from_quantized_linear(ql)
+    packed = layer.to_packed()
+    assert packed.format.name == f"uint{bits}_zp" and packed.format.scale.group_size == gs
+    if bits == 4:
+        assert packed.format == md.builtin_format("uint4_zp", gs)
+    md.validate(packed)
+    mlx_w = np.array(mx.dequantize(ql["weight"], ql["scales"], ql["biases"], gs, bits))  # [N, K]
+    # (q - z) * s and s * q + b are the same real numbers, exact in float32 on both sides.
+    np.testing.assert_array_equal(md.dequantize(packed).T, mlx_w.astype(np.float64))
+    np.testing.assert_array_equal(mx_dequant(packed).T, mlx_w)
+    x = mx.random.normal((3, k), key=mx.random.key(2))
+    scale = np.abs(np.array(x)) @ np.abs(mlx_w.T) + np.abs(np.array(ql.bias))
+    assert np.all(np.abs(np.array(layer(x)) - np.array(ql(x))) <= 1e-5 * scale)
+
+
+def test_from_quantized_linear_not_representable() -> None:
+    k, n, gs = 256, 20, 64
+    ql = _representable_ql(k, n, 4, gs, seed=0)
+    biases = np.array(ql.biases)
+    scales = np.array(ql.scales)
+    biases[5, 1] += scales[5, 1] / 2  # zero point 0.5 off an integer at column 5, group 1
+    ql.biases = mx.array(biases)
+    with pytest.raises(MarlinDSLError, match=r"group 1 \(input features 64\.\.127\) of output "
+                                             r"column 5 .*not an integer zero point.*future work"):
+        MarlinLinear.from_quantized_linear(ql)
+    # MLX's quantiser in float32 gives scales that are not fp16 values.
+    ql = nn.QuantizedLinear.from_linear(nn.Linear(k, n), gs, 4)
+    with pytest.raises(MarlinDSLError, match=r"group \d+ .* of output column \d+ .*not exactly a float16"):
+        MarlinLinear.from_quantized_linear(ql)
+    ql = nn.QuantizedLinear(k, n, group_size=32, bits=4, mode="mxfp4")
+    with pytest.raises(MarlinDSLError, match="affine"):
+        MarlinLinear.from_quantized_linear(ql)
