@@ -724,8 +724,9 @@ extern "C" char __start_mtl_tg[] __attribute__((weak));
 extern "C" char __stop_mtl_tg[] __attribute__((weak));
 
 inline void poison_threadgroup_memory() {
-  if (__start_mtl_tg && __stop_mtl_tg && __stop_mtl_tg > __start_mtl_tg)
-    std::memset(__start_mtl_tg, 0xFF, (size_t)(__stop_mtl_tg - __start_mtl_tg));
+  char* start = __start_mtl_tg;
+  char* stop = __stop_mtl_tg;
+  if (start && stop && stop > start) std::memset(start, 0xFF, (size_t)(stop - start));
 }
 
 inline size_t threadgroup_memory_bytes() {
@@ -812,10 +813,9 @@ inline int launch(Thunk thunk, void* ctx, uint gx, uint gy, uint gz, uint thread
   }
   g_group = g;
   volatile int status = LAUNCH_OK;
-  volatile size_t current = 0;
   if (sigsetjmp(g_fault_jb, 1) == 0) {
-    for (current = 0; current < total; ++current) {
-      uint64_t id = order[current];
+    for (size_t i = 0; i < total; ++i) {
+      uint64_t id = order[i];
       g->pos = uint3((uint)(id % gx), (uint)(id / gx % gy), (uint)(id / ((uint64_t)gx * gy)));
       poison_threadgroup_memory();
       if (!run_group(g)) {

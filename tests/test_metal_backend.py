@@ -19,7 +19,7 @@ from marlin_dsl import METAL, DoubleBuffered, FusedDequant, Gemm, Schedule, Stri
 from marlin_dsl.backends.metal import MetalSource, _float_literal, print_metal
 from marlin_dsl.errors import CompileError
 from marlin_dsl.harness.metal_cpu import MetalCPUError, compile_many, find_compiler
-from marlin_dsl.ir import (BF16, BOOL, F16, F32, I32, U8, U16, U32, Block, BufferParam, Builder,
+from marlin_dsl.ir import (BF16, F16, F32, I32, U8, U16, U32, Block, BufferParam, Builder,
                            ConstTable, FragmentType, GridDim, Kernel, Op, ScalarParam, SharedArray,
                            Value, VectorType, verify)
 from marlin_dsl.ir.interpret import run_kernel
@@ -455,3 +455,19 @@ def test_metal_limits():
         print_metal(_tiny_kernel(2048, 16))
     with pytest.raises(CompileError, match="threads"):
         print_metal(_tiny_kernel(48, 16))
+
+
+@needs_gxx
+def test_emulated_half_matches_native(built):
+    """The shim's fallback `half` class (for compilers without _Float16) computes the same bits."""
+    from marlin_dsl.harness.metal_cpu import compile_metal
+
+    kernel, native = built["ops_mix"]
+    emulated = compile_metal(print_metal(kernel), extra_flags=["-DMTL_SHIM_EMULATE_HALF"])
+    assert not emulated.native_half
+    x = np.linspace(-3, 5, 64).astype(np.float32)
+    bufs = {"x": x, "y": np.zeros(64, np.float32), "z": np.zeros(64, np.uint32),
+            "h": np.zeros(64, np.float16), "cnt": np.zeros(1, np.uint32)}
+    a, b = native.run(bufs, {"N": 40}, seed=1), emulated.run(bufs, {"N": 40}, seed=1)
+    for name in ("y", "z", "h", "cnt"):
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)

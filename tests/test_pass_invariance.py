@@ -41,7 +41,7 @@ def formats(draw) -> m.Format:
         return draw(st.sampled_from(CUSTOM))
     name = draw(st.sampled_from(sorted(m.BUILTIN_FORMATS)))
     granule = m.builtin_format(name).k_granule
-    group = draw(st.sampled_from([PER_COLUMN, granule, 2 * granule, 4 * granule, None]))
+    group = draw(st.sampled_from([PER_COLUMN, granule, 2 * granule, 3 * granule, 4 * granule, None]))
     return m.builtin_format(name, group)
 
 

@@ -24,3 +24,11 @@ def test_python_example_runs() -> None:
     packed = namespace["packed"]
     assert packed["qweight"].shape == (256, 4096) and packed["meta"].shape == (128, 4096)
     assert namespace["y_ref"].shape == (8, 4096)
+
+
+def test_mlx_example_runs() -> None:
+    code = re.search(r"## In an MLX model\n\n```python\n(.*?)```", README, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    y = namespace["y"]
+    assert y.shape == (8, 4096) and str(y.dtype) == "mlx.core.float16"

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CompileError
-from ..ir.core import Block, BufferParam, ConstTable, Kernel, Op, Value
+from ..ir.core import Block, Kernel, Op, Value
 from ..ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
 from ..targets import METAL
 

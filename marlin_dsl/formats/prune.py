@@ -26,11 +26,13 @@ def prune(weights: QuantizedWeights) -> QuantizedWeights:
         return weights
     if not blockwise_ok(weights):
         return _prune_whole(weights, sp)
-    # Blocks of rows hold whole blocks of m chunks (a scale group holds whole blocks: the
-    # group size is a multiple of the format's K granule), and every step below works on one
-    # block of m chunks at a time, so running them block by block changes no value.
     k, n = weights.codes.shape
     g = weights.format.group_size_for(k)
+    if g % sp.block_k:  # only with a K that no block of m chunks divides: an error there
+        return _prune_whole(weights, sp)
+    # Every step below works within one block of m chunks (dequantising, summing a chunk,
+    # ranking the m chunk sums), so running it over blocks of rows that hold whole blocks of
+    # m chunks, each inside one scale group, changes no value.
     codes = np.empty((k, n), dtype=np.uint8)
     keep = np.empty((k, n), dtype=bool)
     scratch = np.empty((block_rows(n, g, sp.block_k), n), dtype=np.float64)

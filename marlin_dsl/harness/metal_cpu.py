@@ -5,9 +5,14 @@ The exact kernel text MLX would compile (header + MLX-style signature + body, se
 small generated launcher appended, into a shared library (cached by a hash of everything
 that goes into it), loaded with ctypes and executed by the shim's runtime:
 
-- every threadgroup runs all its threads concurrently as user-level threads interleaved at
-  random (seeded) at every synchronisation point; threadgroups run one after another in a
-  random order;
+- every threadgroup runs all its threads concurrently as user-level threads (fibers) of the
+  calling OS thread, switched at every synchronisation point to a thread chosen at random
+  (seeded) under a policy picked by `seed % 4`: uniformly random, or random simdgroup
+  priorities (one simdgroup runs ahead of the others from barrier to barrier, which is what
+  exposes a missing barrier: it reads threadgroup memory before the others wrote it, or
+  overwrites it before they read it) with no / rare / frequent random demotions. Run a kernel
+  under several seeds to cover several interleavings. Threadgroups run one after another, in
+  a random order;
 - `threadgroup_barrier` is a real barrier of the group's threads (divergent barriers,
   deadlocks and threads exiting before a barrier are errors);
 - simdgroup-matrix operations and `simdgroup_barrier` are real rendezvous of the 32 lanes of
@@ -49,9 +54,10 @@ __all__ = ["CompiledMetal", "MetalCPUError", "compile_many", "compile_metal", "f
 
 #: g++ flags: C++20 for std::source_location; -fwrapv because Metal integers wrap; no
 #: contraction or fast math so float ops round as the IR says; no _FORTIFY_SOURCE (its
-#: longjmp check rejects the fiber switches).
-DEFAULT_FLAGS = ("-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-fwrapv", "-fno-strict-aliasing",
-                 "-ffp-contract=off", "-fno-fast-math", "-U_FORTIFY_SOURCE", "-w")
+#: longjmp check rejects the fiber switches). $MARLIN_METAL_CPU_OPT replaces -O1.
+DEFAULT_FLAGS = ("-std=c++20", os.environ.get("MARLIN_METAL_CPU_OPT", "-O1"), "-fPIC", "-shared", "-pthread",
+                 "-fwrapv", "-fno-strict-aliasing", "-ffp-contract=off", "-fno-fast-math", "-U_FORTIFY_SOURCE",
+                 "-w")
 
 _KERNEL_NAME = "marlin_metal_cpu_kernel"
 _STATUS = {1: "error", 2: "fault", 3: "timeout", 4: "input"}
@@ -89,6 +95,7 @@ def find_compiler() -> str | None:
 
 
 def _cache_dir() -> Path:
+    """$MARLIN_METAL_CPU_CACHE, else <tmp>/marlin_dsl_metal_cpu."""
     d = Path(os.environ.get("MARLIN_METAL_CPU_CACHE") or Path(tempfile.gettempdir()) / "marlin_dsl_metal_cpu")
     d.mkdir(parents=True, exist_ok=True)
     return d
@@ -308,10 +315,13 @@ def compile_metal(source: MetalSource | Kernel, *, flags: Iterable[str] = DEFAUL
         return CompiledMetal(src, so, text)
     include = _include_dir(root, cxx, all_flags)
     cpp = root / f"{src.name}-{key}.cpp"
-    cpp.write_text(text)
-    tmp = root / f"{src.name}-{key}.{os.getpid()}.{threading.get_ident()}.so"
-    cmd = [cxx, *all_flags, f"-I{include}", "-o", str(tmp), str(cpp), "-lrt"]
+    unique = f"{os.getpid()}.{threading.get_ident()}"
+    tmp_cpp = root / f"{src.name}-{key}.{unique}.cpp"  # private copies: concurrent compiles stay apart
+    tmp = root / f"{src.name}-{key}.{unique}.so"
+    tmp_cpp.write_text(text)
+    cmd = [cxx, *all_flags, f"-I{include}", "-o", str(tmp), str(tmp_cpp), "-lrt"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    os.replace(tmp_cpp, cpp)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise MetalCPUError(f"g++ rejected the Metal text of kernel {src.name} ({cpp}):\n{proc.stderr[:6000]}",
