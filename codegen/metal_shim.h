@@ -267,6 +267,8 @@ inline uint atomic_fetch_add_explicit(atomic_uint* obj, uint v, memory_order) {
 inline int atomic_fetch_add_explicit(atomic_int* obj, int v, memory_order) {
   return __atomic_fetch_add(&obj->value, v, __ATOMIC_SEQ_CST);
 }
+enum thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
+inline void atomic_thread_fence(mem_flags, memory_order, thread_scope) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline uint atomic_load_explicit(atomic_uint* obj, memory_order) {
   return __atomic_load_n(&obj->value, __ATOMIC_SEQ_CST);
 }

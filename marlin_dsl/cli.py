@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -36,33 +37,49 @@ def cmd_formats(_: argparse.Namespace) -> int:
     return 0
 
 
+def _format_rows(spec, rng: np.random.Generator) -> tuple[list[list[str]], int]:
+    from .verify import verify_format
+
+    rows, failures = [], 0
+    for fmt in spec.formats:
+        check = verify_format(fmt, rng)
+        failures += not check.ok
+        failed = [name for name, ok in check.checks.items() if not ok]
+        rows.append([
+            spec.path.name, fmt.name, str(fmt.location.line if fmt.location else "?"),
+            fmt.describe(), f"{fmt.bits_per_weight(*REPORT_SHAPE):.3f}",
+            f"{check.shape[0]}x{check.shape[1]}", f"{len(check.checks) - len(failed)}/{len(check.checks)}",
+            f"{check.quant_excess:.1e}", f"{check.matmul_rel_error:.2e}",
+            "PASS" if check.ok else "FAIL: " + ", ".join(failed),
+        ])
+    return rows, failures
+
+
+def _summary(results) -> str:
+    return ", ".join(f"M={r.shape[0]}:{r.rel_error:.1e}" for r in results) or "skipped"
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
-    from .compiler import LOWER_STAGE, compile_gemm
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .compiler import compile_gemm
     from .ir.text import print_kernel
     from .kernel_check import check_kernel, check_shapes
     from .spec import load_spec
     from .targets import TARGETS
-    from .verify import verify_format
 
     target = TARGETS[args.target]
     passes = None if args.passes is None else [p for p in args.passes.split(",") if p]
     failures = 0
-    format_rows, kernel_rows = [], []
+    format_rows: list[list[str]] = []
+    compiled_all = []  # (spec, compiled gemm, rng)
     for spec_file in args.specs:
         spec = load_spec(spec_file)
         # Seeded by the spec's name so a run is repeatable; fresh across specs and kernels.
         rng = np.random.default_rng(zlib.crc32(spec.path.name.encode()))
-        for fmt in spec.formats:
-            check = verify_format(fmt, rng)
-            failures += not check.ok
-            failed = [name for name, ok in check.checks.items() if not ok]
-            format_rows.append([
-                spec.path.name, fmt.name, str(fmt.location.line if fmt.location else "?"),
-                fmt.describe(), f"{fmt.bits_per_weight(*REPORT_SHAPE):.3f}",
-                f"{check.shape[0]}x{check.shape[1]}", f"{len(check.checks) - len(failed)}/{len(check.checks)}",
-                f"{check.quant_excess:.1e}", f"{check.matmul_rel_error:.2e}",
-                "PASS" if check.ok else "FAIL: " + ", ".join(failed),
-            ])
+        rows, bad = _format_rows(spec, rng)
+        format_rows += rows
+        failures += bad
         for gemm in spec.gemms:
             def dump(stage: str, kernel, notes: list[str], gemm=gemm) -> None:
                 if args.dump_ir in ("all", stage):
@@ -70,35 +87,77 @@ def cmd_compile(args: argparse.Namespace) -> int:
                     for note in notes:
                         print(f"// {note}")
                     print(print_kernel(kernel))
-            compiled = compile_gemm(gemm, target, passes, args.stop_after, dump)
+            compiled_all.append((spec, compile_gemm(gemm, target, passes, args.stop_after, dump), rng))
+
+    shipped = {}  # gemm name -> the emitted text that ships, per target
+    if target.name == "metal":
+        from .backends.metal import print_metal
+        from .emit import metal_text, write_metal_kernel
+
+        for spec, compiled, _ in compiled_all:
             if args.output is not None:
-                out_dir = args.output / spec.stem
-                out_dir.mkdir(parents=True, exist_ok=True)
-                (out_dir / f"{gemm.name}.{target.name}.ir").write_text(print_kernel(compiled.kernel))
-            results = [] if args.no_check else [check_kernel(gemm, compiled.kernel, shape, rng)
-                                                 for shape in check_shapes(gemm)]
-            bad = [r for r in results if not r.ok]
-            failures += bool(bad)
-            kernel = compiled.kernel
-            kernel_rows.append([
-                spec.path.name, gemm.name, gemm.format.name, gemm.schedule.name,
-                str(kernel.attrs["pipeline"]), str(kernel.threads), f"{kernel.shared_bytes}",
-                str(sum(1 for _ in kernel.walk())),
-                ", ".join(f"M={r.shape[0]}:{r.rel_error:.1e}" for r in results) or "skipped",
-                "PASS" if not bad else "FAIL: " + ", ".join(
-                    f"M={r.shape[0]} rel {r.rel_error:.2e} > {r.tolerance:g}, {r.untouched_poison} unwritten"
-                    for r in bad),
-            ])
+                files = write_metal_kernel(compiled, spec.path, args.output / spec.stem)
+                shipped[compiled.gemm.name] = files["metal"].read_text()
+            else:
+                shipped[compiled.gemm.name] = metal_text(print_metal(compiled.kernel), compiled, spec.path)
+    elif args.output is not None:
+        for spec, compiled, _ in compiled_all:
+            folder = args.output / spec.stem / compiled.gemm.name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{compiled.gemm.name}.{target.name}.ir").write_text(print_kernel(compiled.kernel))
+
+    harness = None
+    if target.name == "metal" and not args.no_check:
+        from .backends.metal import print_metal
+        from .harness.metal_cpu import compile_metal, find_compiler
+
+        if find_compiler() is not None:
+            def build(item):
+                _, compiled, _ = item
+                return compile_metal(print_metal(compiled.kernel), shipped_text=shipped[compiled.gemm.name])
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                harness = dict(zip((c.gemm.name for _, c, _ in compiled_all), pool.map(build, compiled_all)))
+
+    kernel_rows = []
+    for spec, compiled, rng in compiled_all:
+        gemm, kernel = compiled.gemm, compiled.kernel
+        interp = [] if args.no_check else [check_kernel(gemm, kernel, shape, rng) for shape in check_shapes(gemm)]
+        native = []
+        if harness is not None:
+            cpu = harness[gemm.name]
+            native = [check_kernel(gemm, kernel, shape, rng, lambda k, b, sc: cpu.run(b, sc, seed=1))
+                      for shape in check_shapes(gemm)]
+        bad = [r for r in interp + native if not r.ok]
+        failures += bool(bad)
+        kernel_rows.append([
+            spec.path.name, gemm.name, gemm.format.name, gemm.schedule.name,
+            str(kernel.attrs["pipeline"]), str(kernel.threads), f"{kernel.shared_bytes}",
+            str(sum(1 for _ in kernel.walk())), _summary(interp),
+            *([_summary(native)] if target.name == "metal" else []),
+            "PASS" if not bad else "FAIL: " + ", ".join(
+                f"M={r.shape[0]} rel {r.rel_error:.2e} > {r.tolerance:g}, {r.untouched_poison} unwritten"
+                for r in bad),
+        ])
     print(_table(["spec", "format", "line", "description", "bits/w", "K x N", "checks",
                   "q-excess", "rel.err vs fp64", "result"], format_rows))
     print("\nq-excess: worst (|dequant - w| - |nearest representable - w|) / scale (0 = round to nearest)")
     print("rel.err vs fp64: ||x @ W_q - x @ W|| / ||x @ W||, the format's quantisation error")
     if kernel_rows:
+        headers = ["spec", "gemm", "format", "schedule", "pipeline", "threads", "tg bytes", "ops",
+                   "IR interpreter vs fp64"]
+        if target.name == "metal":
+            headers.append("emitted .metal on CPU harness vs fp64")
         print()
-        print(_table(["spec", "gemm", "format", "schedule", "pipeline", "threads", "tg bytes",
-                      "ops", f"IR interpreter vs fp64 ({target.name} IR)", "result"], kernel_rows))
+        print(_table(headers + ["result"], kernel_rows))
         print("\nIR interpreter: the compiled kernel IR executed with threadgroup semantics on "
-              "random data, relative error against the float64 reference at each M")
+              "random data; relative error against the float64 reference at each M (N and K as in "
+              "kernel_check.check_shapes)")
+        if target.name == "metal":
+            note = ("the emitted .metal text compiled by g++ against codegen/metal_shim.h and run by "
+                    "the CPU harness (threads with real barriers, collective simdgroup matrices)")
+            if harness is None and not args.no_check:
+                note = "skipped: no C++ compiler (g++) on this machine"
+            print(f"emitted .metal: {note}")
     return 1 if failures else 0
 
 

@@ -35,7 +35,7 @@ _BACKENDS = ("auto", "metal", "cuda", "mlx")
 _ACTIVATION_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 #: Kernel backends whose launcher `_run_kernel_backend` dispatches to. Empty until the Metal
 #: and CUDA printers are wired in; "auto" falls back to "mlx" for a backend not listed here.
-_WIRED_KERNEL_BACKENDS: frozenset[str] = frozenset()
+_WIRED_KERNEL_BACKENDS: frozenset[str] = frozenset({"metal"})
 
 
 # ----- backend selection ------------------------------------------------------------------
@@ -92,6 +92,15 @@ def _run_kernel_backend(name: str, x: mx.array, packed: PackedWeights) -> mx.arr
     """x [..., K] @ W with our compiled kernel on backend `name` ("metal" or "cuda"); `packed`
     holds MLX arrays (checked). The one place where kernel launchers are dispatched: wiring a
     backend in means a branch here and its name in `_WIRED_KERNEL_BACKENDS`."""
+    if name == "metal":
+        from .backends.metal_runtime import metal_launcher
+
+        activation = {mx.float16: "f16", mx.bfloat16: "bf16"}.get(x.dtype, "f16")
+        launcher = metal_launcher(packed.format, activation)
+        x2 = x.reshape(-1, x.shape[-1]).astype(mx.float16 if activation == "f16" else mx.bfloat16)
+        arrays = [packed.arrays[n] for n in launcher.INPUT_NAMES if n not in ("x", "dims")]
+        y = launcher.launch(x2, *arrays)
+        return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
     label = {"metal": "Metal", "cuda": "CUDA"}.get(name, name)
     raise MarlinDSLError(
         f"the {label} kernels are not wired into quantized_linear yet (format "

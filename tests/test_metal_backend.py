@@ -209,8 +209,9 @@ HANDWRITTEN = {
 }
 
 
-def _all_kernels() -> dict[str, Kernel | MetalSource]:
-    kernels: dict[str, Kernel | MetalSource] = {}
+def _all_kernels() -> dict[str, tuple[Kernel | None, MetalSource]]:
+    """name -> (IR kernel or None for hand-written Metal, printed source)."""
+    kernels: dict[str, Kernel] = {}
     for fmt in FORMATS:
         for pl in PIPELINES:
             for sched in SHAPES:
@@ -222,9 +223,12 @@ def _all_kernels() -> dict[str, Kernel | MetalSource]:
     kernels["broken_barrier_double_buffered"] = broken_missing_barrier("double_buffered")
     kernels["broken_scatter"] = broken_scatter()
     kernels["ops_mix"] = ops_mix_kernel()
+    out: dict[str, tuple[Kernel | None, MetalSource]] = {n: (k, print_metal(k)) for n, k in kernels.items()}
+    fenced = _gemm_kernel("int4_2of4", "striped", name="g_fence")
+    out["fence"] = (fenced, print_metal(fenced, fence="atomic_thread_fence"))
     for name, body in HANDWRITTEN.items():
-        kernels[name] = handwritten(name, body)
-    return kernels
+        out[name] = (None, handwritten(name, body))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +237,8 @@ def built():
     if find_compiler() is None:
         pytest.skip("g++ is not installed: the Metal CPU harness compiles the emitted Metal as C++20 with it")
     kernels = _all_kernels()
-    sources = [k if isinstance(k, MetalSource) else print_metal(k) for k in kernels.values()]
-    compiled = compile_many(sources, jobs=os.cpu_count())
-    return {name: (k if isinstance(k, Kernel) else None, c) for (name, k), c in zip(kernels.items(), compiled)}
+    compiled = compile_many([src for _, src in kernels.values()], jobs=os.cpu_count())
+    return {name: (k, c) for (name, (k, _)), c in zip(kernels.items(), compiled)}
 
 
 def _problem(kernel: Kernel, M: int, K: int, N: int, seed: int):
@@ -306,6 +309,16 @@ def test_bf16_activations(built):
     assert out["y"].dtype == np.float32  # bf16 comes back held in float32, as the interpreter holds it
     assert _rel_err(read_output(out, 65, 80), ref) < 1e-2
     np.testing.assert_array_equal(out["y"], run_kernel(kernel, bufs, scalars)["y"])
+
+
+@needs_gxx
+def test_device_fences_as_atomic_thread_fence(built):
+    kernel, compiled = built["fence"]
+    assert "atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);" \
+        in compiled.source.body
+    for seed, (M, K, N) in enumerate([(65, 256, 200), (3, 128, 80)]):
+        bufs, scalars, ref = _problem(kernel, M, K, N, seed)
+        assert _rel_err(read_output(compiled.run(bufs, scalars, seed=seed), M, N), ref) < F16_TOL
 
 
 # ----- deliberately broken kernels ------------------------------------------------------------

@@ -209,14 +209,58 @@ def test_auto_runs_where_a_kernel_backend_is_not_wired(monkeypatch: pytest.Monke
     packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
     x = mx.random.normal((2, 128), key=mx.random.key(3))
     expected = np.array(quantized_linear(x, packed, backend="mlx"))
-    monkeypatch.setattr(mnn, "select_backend", lambda backend="auto": "metal")
+    monkeypatch.setattr(mnn, "select_backend", lambda backend="auto": "cuda")
     np.testing.assert_array_equal(np.array(quantized_linear(x, packed)), expected)
 
 
 def test_kernel_dispatch_not_wired_is_a_clear_error() -> None:
     packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
-    with pytest.raises(MarlinDSLError, match="Metal kernels are not wired"):
-        _run_kernel_backend("metal", mx.zeros((1, 128)), packed)
+    with pytest.raises(MarlinDSLError, match="CUDA kernels are not wired"):
+        _run_kernel_backend("cuda", mx.zeros((1, 128)), packed)
+
+
+def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The Metal path of quantized_linear, on Linux: mx.fast.metal_kernel is replaced by a
+    stand-in that runs the text it is given (the kernel compiled on first use and written to
+    the cache with its launcher) on the CPU harness."""
+    from marlin_dsl.backends.metal import print_metal
+    from marlin_dsl.backends.metal_runtime import default_schedule, metal_launcher
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.harness.metal_cpu import compile_metal, find_compiler
+    from marlin_dsl.schedule import Gemm
+    from marlin_dsl.targets import METAL
+
+    if find_compiler() is None:
+        pytest.skip("no C++ compiler to run the Metal text on the CPU")
+    monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path))
+    metal_launcher.cache_clear()
+    rng = np.random.default_rng(11)
+    packed = md.pack_fp4_2of4_weights(rng.standard_normal((128, 40)))
+    fmt = packed.format
+
+    def fake_metal_kernel(name, input_names, output_names, source, header):
+        src = print_metal(compile_gemm(Gemm(name, fmt, default_schedule(fmt), "f16"), METAL).kernel)
+        assert (source, header) == (src.body, src.header)
+        cpu = compile_metal(src)
+
+        def launch(inputs, grid, threadgroup, output_shapes, output_dtypes, init_value=None):
+            buffers = {n: np.array(a).ravel() for n, a in zip(input_names, inputs)}
+            scalars = dict(zip(("M", "N", "K"), (int(v) for v in buffers.pop("dims"))))
+            for n, shape in zip(output_names, output_shapes):
+                buffers[n] = np.zeros(shape, np.float16)
+            out = cpu.run(buffers, scalars, (grid[0] // threadgroup[0], grid[1], grid[2]))
+            return [mx.array(out[n]) for n in output_names]
+        return launch
+
+    monkeypatch.setattr(mx.fast, "metal_kernel", fake_metal_kernel)
+    x = rng.standard_normal((2, 3, 128)).astype(np.float16)
+    arrays = {k: mx.array(v) for k, v in packed.arrays.items()}
+    y = _run_kernel_backend("metal", mx.array(x), md.PackedWeights(fmt, packed.shape, arrays))
+    expected = md.reference_matmul(x.reshape(6, 128).astype(np.float64), packed).reshape(2, 3, 40)
+    assert y.shape == (2, 3, 40) and y.dtype == mx.float16
+    rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
+    assert rel < 2e-3
+    assert list(tmp_path.rglob("manifest.json")), "the kernel is written to the cache"
 
 
 # ----- MarlinLinear -----------------------------------------------------------------------

@@ -33,9 +33,12 @@ in every region. Loads with a predicate become `(p ? buf[i] : T(0))`, stores wit
 `if (p) buf[i] = v;`. A fragment stored to memory of another element type is converted lane
 by lane through `thread_elements()` (helper `mtl_convert_frag` in the header).
 Threadgroup barriers fence threadgroup memory, and device memory too when the kernel has a
-readwrite buffer (the IR's barrier makes both visible within the group); `fence[device]`
-prints as `threadgroup_barrier(mem_flags::mem_device)`, so like a barrier it must be reached
-by every thread of the group (it is, in the lowered kernels).
+readwrite buffer (the IR's barrier makes both visible within the group). `fence[device]`
+prints as `atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst,
+thread_scope_device)` (Metal 3.2+), the fence that orders device memory *between*
+threadgroups, which the striped pipeline's last-arriving reduction needs;
+`print_metal(k, fence="barrier")` prints `threadgroup_barrier(mem_flags::mem_device)` instead
+for older Metal versions, which orders device memory only within a threadgroup.
 """
 from __future__ import annotations
 
@@ -243,8 +246,9 @@ class MetalSource:
 
 
 class _Printer:
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Kernel, fence: str = "atomic_thread_fence") -> None:
         self.k = kernel
+        self.fence = fence
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
         self.taken: set[str] = set()
@@ -390,7 +394,11 @@ class _Printer:
                 self.emit(depth, "simdgroup_barrier(mem_flags::mem_threadgroup);")
         elif n == "fence":
             flags = "mem_flags::mem_device" if a["scope"] == "device" else "mem_flags::mem_threadgroup"
-            self.emit(depth, f"threadgroup_barrier({flags});")
+            if self.fence == "atomic_thread_fence":
+                scope = "thread_scope_device" if a["scope"] == "device" else "thread_scope_threadgroup"
+                self.emit(depth, f"atomic_thread_fence({flags}, memory_order_seq_cst, {scope});")
+            else:
+                self.emit(depth, f"threadgroup_barrier({flags});")
         elif n == "frag_zero":
             t = op.result.type
             mt = metal_type(t)
@@ -576,8 +584,16 @@ class _Printer:
                            shared_bytes=k.shared_bytes)
 
 
-def print_metal(kernel: Kernel) -> MetalSource:
-    """Print `kernel` as Metal for `mx.fast.metal_kernel` (see the module docstring)."""
+def print_metal(kernel: Kernel, *, fence: str = "atomic_thread_fence") -> MetalSource:
+    """Print `kernel` as Metal for `mx.fast.metal_kernel` (see the module docstring).
+
+    `fence` chooses how `fence` ops print: "barrier" (any Metal version):
+    `threadgroup_barrier(mem_flags::mem_device)`, which every thread of the group must reach;
+    "atomic_thread_fence" (default, Metal 3.2+): a per-thread device-scope fence,
+    `atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device)`,
+    the documented way to order device memory across threadgroups."""
     if not _IDENT.match(kernel.name):
         raise CompileError(f"metal: kernel name {kernel.name!r} is not a valid Metal identifier")
-    return _Printer(kernel).run()
+    if fence not in ("barrier", "atomic_thread_fence"):
+        raise ValueError(f"fence must be 'barrier' or 'atomic_thread_fence', not {fence!r}")
+    return _Printer(kernel, fence).run()

@@ -197,7 +197,9 @@ class CompiledMetal:
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.pointer() for a in arrays])
         err = ctypes.create_string_buffer(4096)
         lib = self.lib
-        with _lock(self.path):  # threadgroup memory is static: one launch per library at a time
+        # One launch at a time in the process: threadgroup memory is static per library, and the
+        # fault/timeout signal handlers a launch installs are process-wide.
+        with _RUN_LOCK:
             status = lib.mtl_cpu_launch(ptrs, gx, gy, gz, threads, ctypes.c_ulonglong(seed & (2 ** 64 - 1)),
                                         ctypes.c_double(timeout), ctypes.c_ulong(stack_bytes), err, len(err))
         if status:
@@ -267,8 +269,8 @@ def _to_storage(flat: np.ndarray, dtype: str, name: str) -> np.ndarray:
 
 
 _LIBS: dict[Path, ctypes.CDLL] = {}
-_LOCKS: dict[Path, threading.Lock] = {}
 _GLOBAL = threading.Lock()
+_RUN_LOCK = threading.Lock()
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -286,25 +288,32 @@ def _load(path: Path) -> ctypes.CDLL:
         return lib
 
 
-def _lock(path: Path) -> threading.Lock:
-    with _GLOBAL:
-        return _LOCKS.setdefault(path, threading.Lock())
-
-
 def _as_source(source: MetalSource | Kernel) -> MetalSource:
     return print_metal(source) if isinstance(source, Kernel) else source
 
 
 def compile_metal(source: MetalSource | Kernel, *, flags: Iterable[str] = DEFAULT_FLAGS,
-                  extra_flags: Iterable[str] = (), cache_dir: Path | str | None = None) -> CompiledMetal:
-    """Compile the kernel's full MLX-style text with g++ against the shim (cached)."""
+                  extra_flags: Iterable[str] = (), cache_dir: Path | str | None = None,
+                  shipped_text: str | None = None) -> CompiledMetal:
+    """Compile the kernel's full MLX-style text with g++ against the shim (cached).
+
+    `shipped_text` is the content of a generated `.metal` file: it is compiled as it is (it
+    must hold the source's header and body verbatim and MLX's kernel name), so the check runs
+    on the exact text that ships rather than on a reprint of it."""
     src = _as_source(source)
     cxx = find_compiler()
     if cxx is None:
         raise MetalCPUError("no C++ compiler: install g++ (or set $CXX) to run Metal kernels on the CPU",
                             "unavailable")
     shim = shim_path()
-    text = src.full_source(name=_KERNEL_NAME) + launcher_source(src)
+    if shipped_text is None:
+        text = src.full_source(name=_KERNEL_NAME) + launcher_source(src)
+    else:
+        name = src.mlx_kernel_name()
+        if src.header not in shipped_text or src.body not in shipped_text or f" {name}(" not in shipped_text:
+            raise MetalCPUError(f"the shipped text of kernel {src.name} does not hold its header, "
+                                f"body and kernel name {name}", "input")
+        text = shipped_text + launcher_source(src, name)
     all_flags = [*flags, *extra_flags]
     key = hashlib.sha256("\0".join([text, shim.read_text(), *all_flags, cxx, _compiler_version(cxx)])
                          .encode()).hexdigest()[:32]

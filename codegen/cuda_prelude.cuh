@@ -1,0 +1,191 @@
+// cuda_prelude.cuh: device helpers shared by every kernel that marlin_dsl.backends.cuda prints.
+//
+// The printer embeds this file verbatim at the top of a kernel's `header` (the text MLX's
+// `mx.fast.cuda_kernel` places before its generated `__global__` function), so it must compile
+// under NVRTC (MLX's JIT: no host headers, C++17, device code only) and under nvcc. The include
+// guard lets several printed kernels share one translation unit (the nvcc checks do that).
+//
+// What it holds, and nothing format-specific:
+//   - warp-level MMA fragments for PTX `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` in the
+//     registers each lane owns (PTX ISA 9.7.14.5.8, "Matrix Fragments for mma.m16n8k16 with
+//     floating point type"), with lane = 4 * groupID + threadID_in_group:
+//       A 16x16 (4 x .b32, 2 elements each, lower column in the low half):
+//         x[0] = (g, 2t..2t+1)  x[1] = (g+8, 2t..2t+1)  x[2] = (g, 2t+8..2t+9)  x[3] = (g+8, 2t+8..2t+9)
+//       B 16x8 (k x n, 2 x .b32, lower row in the low half):
+//         x[0] = (2t..2t+1, g)  x[1] = (2t+8..2t+9, g)
+//       C 16x8 f32 (4 floats):
+//         x[0], x[1] = (g, 2t), (g, 2t+1)   x[2], x[3] = (g+8, 2t), (g+8, 2t+1)
+//   - load_a / load_b: every lane reads its own elements of tile[r][c] = p[r * LD + c]
+//     (TRANS: p[c * LD + r]); two elements adjacent in memory are read as one 32-bit word when
+//     the address allows it (same values either way).
+//   - store_c: every lane writes its four accumulator elements, converted to the memory type
+//     with round-to-nearest-even.
+//   - mma: the PTX instruction as inline asm (f32 accumulate; f16 or bf16 inputs).
+//   - vec<T, N>: the IR's short vectors.
+#ifndef MARLIN_DSL_CUDA_PRELUDE
+#define MARLIN_DSL_CUDA_PRELUDE
+
+#ifndef __CUDACC_RTC__
+#include <cstdint>
+#endif
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace mdsl {
+
+template <typename T, int N>
+struct vec {
+  T v[N];
+};
+
+template <typename T>
+struct frag_a {
+  uint32_t x[4];
+};
+
+template <typename T>
+struct frag_b {
+  uint32_t x[2];
+};
+
+struct frag_c {
+  float x[4];
+};
+
+__device__ __forceinline__ uint32_t lane_id() {
+  return threadIdx.x % 32u;
+}
+
+__device__ __forceinline__ uint32_t bits16(__half v) {
+  return __half_as_ushort(v);
+}
+
+__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 v) {
+  return __bfloat16_as_ushort(v);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(T lo, T hi) {
+  return bits16(lo) | (bits16(hi) << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ bool aligned4(const T* p) {
+  return (reinterpret_cast<unsigned long long>(p) & 3ull) == 0ull;
+}
+
+// (tile[r][c], tile[r][c+1]) packed, tile[r][c] = p[r * LD + c]; `wide` allows one 32-bit read.
+template <int LD, typename T>
+__device__ __forceinline__ uint32_t pair_along_row(const T* p, uint32_t r, uint32_t c, bool wide) {
+  const T* q = p + r * LD + c;
+  if (wide) {
+    return *reinterpret_cast<const uint32_t*>(q);
+  }
+  return pack2(q[0], q[1]);
+}
+
+// (tile[r][c], tile[r+1][c]) packed.
+template <int LD, typename T>
+__device__ __forceinline__ uint32_t pair_down_column(const T* p, uint32_t r, uint32_t c) {
+  const T* q = p + r * LD + c;
+  return pack2(q[0], q[LD]);
+}
+
+template <int LD, bool TRANS, typename T>
+__device__ __forceinline__ frag_a<T> load_a(const T* p) {
+  const uint32_t lane = lane_id(), g = lane >> 2, t = lane & 3u;
+  frag_a<T> f;
+  if (!TRANS) {
+    const bool wide = (LD % 2 == 0) && aligned4(p);
+    f.x[0] = pair_along_row<LD>(p, g, 2u * t, wide);
+    f.x[1] = pair_along_row<LD>(p, g + 8u, 2u * t, wide);
+    f.x[2] = pair_along_row<LD>(p, g, 2u * t + 8u, wide);
+    f.x[3] = pair_along_row<LD>(p, g + 8u, 2u * t + 8u, wide);
+  } else {  // tile[r][c] = p[c * LD + r]: the pair (r, c), (r, c+1) runs down a stored column
+    f.x[0] = pair_down_column<LD>(p, 2u * t, g);
+    f.x[1] = pair_down_column<LD>(p, 2u * t, g + 8u);
+    f.x[2] = pair_down_column<LD>(p, 2u * t + 8u, g);
+    f.x[3] = pair_down_column<LD>(p, 2u * t + 8u, g + 8u);
+  }
+  return f;
+}
+
+template <int LD, bool TRANS, typename T>
+__device__ __forceinline__ frag_b<T> load_b(const T* p) {
+  const uint32_t lane = lane_id(), g = lane >> 2, t = lane & 3u;
+  frag_b<T> f;
+  if (!TRANS) {  // tile[k][n] = p[k * LD + n]: the pair (k, n), (k+1, n) is LD apart
+    f.x[0] = pair_down_column<LD>(p, 2u * t, g);
+    f.x[1] = pair_down_column<LD>(p, 2u * t + 8u, g);
+  } else {  // tile[k][n] = p[n * LD + k]: the pair is adjacent
+    const bool wide = (LD % 2 == 0) && aligned4(p);
+    f.x[0] = pair_along_row<LD>(p, g, 2u * t, wide);
+    f.x[1] = pair_along_row<LD>(p, g, 2u * t + 8u, wide);
+  }
+  return f;
+}
+
+template <typename D>
+__device__ __forceinline__ D from_f32(float v);
+
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <int LD, typename D>
+__device__ __forceinline__ void store_c(D* p, const frag_c& f) {
+  const uint32_t lane = lane_id(), g = lane >> 2, t = lane & 3u;
+  D* top = p + g * LD + 2u * t;
+  D* bottom = p + (g + 8u) * LD + 2u * t;
+  top[0] = from_f32<D>(f.x[0]);
+  top[1] = from_f32<D>(f.x[1]);
+  bottom[0] = from_f32<D>(f.x[2]);
+  bottom[1] = from_f32<D>(f.x[3]);
+}
+
+__device__ __forceinline__ frag_c zero_c() {
+  frag_c f;
+  f.x[0] = 0.0f;
+  f.x[1] = 0.0f;
+  f.x[2] = 0.0f;
+  f.x[3] = 0.0f;
+  return f;
+}
+
+__device__ __forceinline__ frag_c mma(const frag_a<__half>& a, const frag_b<__half>& b, const frag_c& c) {
+  frag_c d;
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
+      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]),
+        "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]));
+  return d;
+}
+
+__device__ __forceinline__ frag_c mma(const frag_a<__nv_bfloat16>& a, const frag_b<__nv_bfloat16>& b,
+                                      const frag_c& c) {
+  frag_c d;
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
+      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]),
+        "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]));
+  return d;
+}
+
+}  // namespace mdsl
+
+#endif  // MARLIN_DSL_CUDA_PRELUDE

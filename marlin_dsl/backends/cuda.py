@@ -1,0 +1,731 @@
+"""CUDA printer: kernel IR -> CUDA C++ for MLX's `mx.fast.cuda_kernel` (and for nvcc).
+
+`print_cuda(kernel)` returns a `CudaSource`: `.header` (the shared device prelude
+codegen/cuda_prelude.cuh, then this kernel's constant tables), `.body` (the statements MLX
+wraps in its generated `__global__` function), `.input_names` / `.output_names`, and
+`.full_source()`, a complete `extern "C" __global__` kernel with MLX's parameter list that nvcc
+compiles on its own; `.mlx_source()` reproduces MLX's whole generated translation unit.
+
+How MLX 0.32 builds and launches a custom CUDA kernel (ml-explore/mlx,
+mlx/backend/cuda/custom_kernel.cpp `build_kernel` / `CustomKernel::eval_gpu`,
+mlx/backend/cuda/jit_module.cpp, mlx/backend/cuda/utils.cpp `dtype_to_cuda_type`; the Python
+signature is `mx.fast.cuda_kernel(name, input_names, output_names, source, header="",
+ensure_row_contiguous=True, shared_memory=0)`, python/src/fast.cpp):
+
+- source text = MLX's default header (`#include "mlx/backend/cuda/device/utils.cuh"`, which
+  includes <cuda_bf16.h>, <cuda_fp16.h> and cuda/std headers; `#include <cooperative_groups.h>`;
+  `#define inf cuda::std::numeric_limits<float>::infinity()`), then our `header` at global
+  scope, then `namespace mlx::core::cu {` + `namespace cg = cooperative_groups;` and
+  `__global__ void custom_kernel_<name>(...)` (no `extern "C"`: NVRTC name expressions find
+  the mangled name), then `source`, then `}` and the namespace's closing brace.
+- parameters: every input as `const T* <name>` in `input_names` order, then every output as
+  `T* <name>`; T from `dtype_to_cuda_type`: `__half`, `__nv_bfloat16`, `float`, `uint32_t`,
+  `uint8_t`, `int32_t`, `bool`... An input whose name followed by `_shape`, `_strides` or
+  `_ndim` occurs in the source also gets `const __grid_constant__ Shape/Strides/int`
+  parameters (the printer refuses bodies that would trigger this). No thread-index
+  parameters: the body uses CUDA's `threadIdx` / `blockIdx` directly.
+- compilation: NVRTC with only `--gpu-architecture=sm_XY` (sm_90 on H100) and include paths:
+  C++17 default, no fast-math, FMA contraction on (so the printer uses the `_rn` intrinsics,
+  which are never contracted). The compiled module is cached *by kernel name* for the life
+  of the process (`get_jit_module(device, name, ...)`), so two different sources must not
+  share a name: the launcher appends a hash of the source.
+- launch: `grid` and `threadgroup` are in threads as for `metal_kernel`:
+  block = (min(tx, gx), min(ty, gy), min(tz, gz)), grid = ceil(g / t) per dimension
+  (`launch_dims` gives both). Outputs are allocated by MLX (uninitialised, or filled with
+  `init_value` cast to each output's dtype); inputs are made row-contiguous first.
+  `shared_memory` is *dynamic* shared memory; the printed kernels only use static
+  `__shared__` arrays (<= 48 KB, the CUDA target's limit), so it stays 0.
+
+Calling convention (as the Metal printer's): inputs are the read-only buffers in kernel order,
+then `dims`, a u32 array holding the launch scalars in `kernel.scalars` order (M, N, K), so one
+compiled kernel serves every shape; outputs are the write and readwrite buffers. A readwrite
+buffer named in `inout_inputs` is passed as an input instead (after the read-only ones, before
+`dims`): MLX declares it `const`, the body writes through a `const_cast` alias. That is for
+state the kernel must find initialised and leaves as it found it (the striped pipeline's
+arrival counters), so that the real outputs can still be poisoned through `init_value`.
+
+Printing rules: every SSA value is a local `v_<name>`; f16 -> `__half`, bf16 ->
+`__nv_bfloat16`, u32 -> `uint32_t`...; vectors -> `mdsl::vec<T, n>`; fragments ->
+`mdsl::frag_a<T>` / `mdsl::frag_b<T>` / `mdsl::frag_c` holding the lane's registers of the
+PTX m16n8k16 layout (see codegen/cuda_prelude.cuh). Arithmetic is rounded as docs/IR.md says:
+f32 and f16 through `__fadd_rn`/`__hadd_rn`-style intrinsics (no contraction into FMA), bf16
+as f32 rounded to bf16 after every op, fma through `__fmaf_rn`/`__hfma`; casts through the
+cuda_fp16/cuda_bf16 `_rn` conversions (float -> int truncates: `_rz`); bitcasts through
+`__half_as_ushort`-style intrinsics. Predicated loads are `(p ? buf[i] : 0)`, predicated stores
+`if (p) buf[i] = v;`; loads from readwrite device buffers go through `__ldcg` (L2, not a
+possibly stale L1: other blocks write them during the launch). `for` loops declare their
+carried values before the loop and assign them at `yield`; `if`/`switch` results are declared
+before the statement and assigned in every region. `barrier[threadgroup]` -> `__syncthreads()`,
+`barrier[simdgroup]` -> `__syncwarp()`, `fence[device]` -> `__threadfence()`,
+`fence[threadgroup]` -> `__threadfence_block()`, `atomic_add` -> `atomicAdd`, index kinds ->
+`threadIdx.x`, `threadIdx.x % 32u`, `threadIdx.x / 32u`, `blockIdx.x/y/z`; shared arrays ->
+`__shared__` arrays at the top of the body; tables -> `static __device__ const` arrays in the
+header (global memory: lookups diverge across a warp, which `__constant__` would serialise).
+The printer knows only the IR, nothing of formats or schedules; its output is deterministic.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from ..errors import CompileError
+from ..ir.core import Block, GridDim, Kernel, Op, Value
+from ..ir.types import BF16, BOOL, F16, F32, I32, FragmentType, ScalarType, Type, VectorType
+from ..targets import CUDA
+
+__all__ = ["CudaSource", "print_cuda", "cuda_type", "DIMS_NAME", "MLX_DEFAULT_HEADER", "prelude"]
+
+#: The name of the input holding the launch scalars (the Metal printer's convention).
+DIMS_NAME = "dims"
+
+#: The text MLX puts before the header (mlx/backend/cuda/custom_kernel.cpp, `default_header`).
+MLX_DEFAULT_HEADER = """
+#include "mlx/backend/cuda/device/utils.cuh"
+
+#include <cooperative_groups.h>
+
+#define inf cuda::std::numeric_limits<float>::infinity()
+
+"""
+
+_SCALAR = {"bool": "bool", "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t",
+           "i32": "int32_t", "f16": "__half", "bf16": "__nv_bfloat16", "f32": "float"}
+_INDEX = {"tid": "threadIdx.x", "lane": "(threadIdx.x % 32u)", "warp": "(threadIdx.x / 32u)",
+          "group_x": "blockIdx.x", "group_y": "blockIdx.y", "group_z": "blockIdx.z"}
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_HALF_CMP = {"lt": "__hlt", "le": "__hle", "gt": "__hgt", "ge": "__hge", "eq": "__heq",
+             "ne": "__hneu"}  # ordered, except ne (true for NaN, as numpy's != is)
+_INT_OP = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|",
+           "xor": "^", "shl": "<<", "shr": ">>"}
+_F32_OP = {"add": "__fadd_rn", "sub": "__fsub_rn", "mul": "__fmul_rn"}
+_F16_OP = {"add": "__hadd_rn", "sub": "__hsub_rn", "mul": "__hmul_rn"}
+_TO_F32 = {"f16": "__half2float", "bf16": "__bfloat162float"}
+_FROM_F32 = {"f16": "__float2half_rn", "bf16": "__float2bfloat16_rn"}
+#: Types __ldcg has an overload for.
+_LDCG = {"u8", "u16", "u32", "i32", "f16", "bf16", "f32"}
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
+#: Identifiers a buffer or shared array may not take: C++ keywords and names the CUDA/MLX
+#: environment defines around the body.
+_RESERVED = frozenset("""
+alignas alignof and and_eq asm auto bitand bitor bool break case catch char char16_t char32_t
+class compl const constexpr const_cast continue decltype default delete do double dynamic_cast
+else enum explicit export extern false float for friend goto if inline int long mutable
+namespace new noexcept not not_eq nullptr operator or or_eq private protected public register
+reinterpret_cast return short signed sizeof static static_assert static_cast struct switch
+template this thread_local throw true try typedef typeid typename union unsigned using virtual
+void volatile wchar_t while xor xor_eq threadIdx blockIdx blockDim gridDim warpSize inf cg mlx
+mdsl cuda std Shape Strides uint8_t uint16_t uint32_t int32_t int64_t uint64_t
+""".split())
+
+
+def cuda_type(t: Type) -> str:
+    """The CUDA C++ spelling of an IR type."""
+    if isinstance(t, ScalarType):
+        return _SCALAR[t.name]
+    if isinstance(t, VectorType):
+        return f"mdsl::vec<{_SCALAR[t.elem.name]}, {t.size}>"
+    if isinstance(t, FragmentType):
+        mm, mn, mk = CUDA.mma
+        shapes = {"a": (mm, mk), "b": (mk, mn), "c": (mm, mn)}
+        ok_elem = t.elem.name in ("f16", "bf16") if t.role != "c" else t.elem == F32
+        if (t.rows, t.cols) != shapes[t.role] or not ok_elem:
+            raise CompileError(f"cuda: fragments are the m16n8k16 operands frag<a, f16|bf16, 16x16>, "
+                               f"frag<b, f16|bf16, 16x8> and frag<c, f32, 16x8>, not {t}")
+        return "mdsl::frag_c" if t.role == "c" else f"mdsl::frag_{t.role}<{_SCALAR[t.elem.name]}>"
+    raise CompileError(f"cuda: no spelling for type {t}")
+
+
+def prelude() -> str:
+    """The shared device prelude (codegen/cuda_prelude.cuh)."""
+    from ..codegen import read_codegen_file
+
+    return read_codegen_file("cuda_prelude.cuh")
+
+
+# ----- literals ------------------------------------------------------------------------------
+
+def _f32_literal(v: float) -> str:
+    v = float(np.float32(v))
+    if math.isnan(v) or math.isinf(v):
+        bits = int(np.array([v], np.float32).view(np.uint32)[0])
+        return f"__uint_as_float({bits:#010x}u)"
+    return repr(v) + "f"  # v is a float32 value: the shortest double repr parses back exactly
+
+
+def _half_bits(value: float, t: ScalarType) -> int:
+    if t == F16:
+        return int(np.array([value], np.float16).view(np.uint16)[0])
+    from ..ir.interpret import _f64_to_f32_odd, round_bf16
+    f = round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))
+    return int(f.view(np.uint32)[0]) >> 16
+
+
+def _literal(value, t: ScalarType) -> str:
+    if t == BOOL:
+        return "true" if value else "false"
+    if t == F32:
+        return _f32_literal(float(value))
+    if t in (F16, BF16):
+        bits = _half_bits(float(value), t)
+        fn = "__ushort_as_half" if t == F16 else "__ushort_as_bfloat16"
+        return f"{fn}((unsigned short){bits:#06x}u)"
+    value = int(value)
+    if t.name == "u32":
+        return f"{value}u"
+    if t.name == "i32":
+        return "(-2147483647 - 1)" if value == -2 ** 31 else (f"{value}" if value >= 0 else f"({value})")
+    return f"(({_SCALAR[t.name]}){value}u)"
+
+
+def _zero(t: ScalarType) -> str:
+    return _literal(False if t == BOOL else 0, t)
+
+
+def _comment_value(value, t: ScalarType) -> str:
+    return f"  // {float(value)!r}" if t in (F16, BF16) else ""
+
+
+# ----- the printed kernel ---------------------------------------------------------------------
+
+@dataclass
+class CudaSource:
+    """A kernel printed for CUDA: what `mx.fast.cuda_kernel` takes, and complete sources."""
+
+    name: str
+    #: The shared prelude (codegen/cuda_prelude.cuh); guarded, so several kernels can share a TU.
+    prelude: str
+    #: This kernel's program-scope declarations (constant tables).
+    declarations: str
+    body: str
+    input_names: list[str]
+    output_names: list[str]
+    #: IR element type of every buffer and of `dims` (u32).
+    elems: dict[str, str]
+    threads: int
+    grid: tuple  # the kernel's GridDims
+    scalar_names: list[str] = field(default_factory=list)
+    #: "read", "write" or "readwrite" for every buffer (dims: "read").
+    access: dict[str, str] = field(default_factory=dict)
+    #: readwrite buffers passed as inputs (see the module docstring).
+    inout_inputs: list[str] = field(default_factory=list)
+    shared_bytes: int = 0
+    #: the kernel's attrs that a launcher needs (tile, pipeline, parallel, format, activation...).
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def header(self) -> str:
+        """What `mx.fast.cuda_kernel(header=...)` takes: prelude + this kernel's declarations."""
+        return self.prelude + "\n" + self.declarations
+
+    @property
+    def mlx_kernel_name(self) -> str:
+        return f"custom_kernel_{self.name}"
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """CUDA type of every parameter (MLX's `dtype_to_cuda_type` spelling)."""
+        return {n: _SCALAR[e] for n, e in self.elems.items()}
+
+    @property
+    def digest(self) -> str:
+        """A hash of everything MLX compiles (header, body, parameter types)."""
+        h = hashlib.sha256()
+        for part in (self.header, self.body, repr(self.input_names), repr(self.output_names),
+                     repr(sorted(self.elems.items()))):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def parameters(self) -> list[str]:
+        """`const T* name` for inputs, `T* name` for outputs, as MLX writes them."""
+        d = self.dtypes
+        return [f"const {d[n]}* {n}" for n in self.input_names] + [f"{d[n]}* {n}" for n in self.output_names]
+
+    def signature(self, name: str | None = None, extern_c: bool = True) -> str:
+        name = name or self.mlx_kernel_name
+        params = ",\n".join(f"    {p}" for p in self.parameters())
+        prefix = 'extern "C" ' if extern_c else ""
+        return f"{prefix}__global__ void {name}(\n{params}) {{\n"
+
+    def full_source(self, name: str | None = None, namespace: str | None = None,
+                    extern_c: bool = True) -> str:
+        """A complete CUDA translation unit: prelude, declarations and the kernel with MLX's
+        parameter list. With `namespace`, the declarations and the kernel go in that namespace
+        (so that several kernels can be compiled as one translation unit)."""
+        parts = [self.prelude, "\n"]
+        if namespace:
+            parts.append(f"namespace {namespace} {{\n\n")
+        parts += [self.declarations, self.signature(name, extern_c), self.body, "}\n"]
+        if namespace:
+            parts.append(f"\n}}  // namespace {namespace}\n")
+        return "".join(parts)
+
+    def mlx_source(self, name: str | None = None) -> str:
+        """The translation unit MLX 0.32 generates for this kernel (`build_kernel`), when
+        launched as `mx.fast.cuda_kernel(name=name or self.name, ...)`."""
+        name = name or self.name
+        params = self.parameters()
+        text = MLX_DEFAULT_HEADER + self.header
+        text += "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+        text += f"__global__ void custom_kernel_{name}(\n"
+        text += ",\n".join(f"    {p}" for p in params) + ") {\n"
+        text += self.body + "\n}\n\n} // namespace mlx::core::cu\n"
+        return text
+
+    def groups(self, scalars: dict[str, int]) -> tuple[int, int, int]:
+        sizes = {k: int(v) for k, v in scalars.items()}
+        return tuple(d.evaluate(sizes) for d in self.grid)  # type: ignore[return-value]
+
+    def launch_dims(self, scalars: dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(grid in threads, threadgroup) for `mx.fast.cuda_kernel(...)(grid=..., threadgroup=...)`."""
+        gx, gy, gz = self.groups(scalars)
+        return (gx * self.threads, gy, gz), (self.threads, 1, 1)
+
+    def dims(self, scalars: dict[str, int]) -> np.ndarray:
+        """The `dims` input for these launch scalars."""
+        return np.array([int(scalars[n]) for n in self.scalar_names], dtype=np.uint32)
+
+    def mlx_kernel(self, name: str | None = None):
+        """This kernel as `mx.fast.cuda_kernel(...)` (needs MLX's CUDA backend to run)."""
+        import mlx.core as mx
+
+        return mx.fast.cuda_kernel(name=name or self.name, input_names=list(self.input_names),
+                                   output_names=list(self.output_names), source=self.body,
+                                   header=self.header)
+
+    # ----- manifests (printed here, launched on a machine without the compiler) -------------
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "prelude": self.prelude, "declarations": self.declarations,
+            "body": self.body, "input_names": list(self.input_names),
+            "output_names": list(self.output_names), "elems": dict(self.elems),
+            "threads": self.threads,
+            "grid": [[d.symbol, d.tile, d.count] for d in self.grid],
+            "scalar_names": list(self.scalar_names), "access": dict(self.access),
+            "inout_inputs": list(self.inout_inputs), "shared_bytes": self.shared_bytes,
+            "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in self.attrs.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CudaSource":
+        d = dict(data)
+        d["grid"] = tuple(GridDim(s, int(t), int(c)) for s, t, c in d["grid"])
+        d["attrs"] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.get("attrs", {}).items()}
+        return cls(**d)
+
+
+class _Printer:
+    def __init__(self, kernel: Kernel, inout_inputs: Iterable[str]) -> None:
+        self.k = kernel
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self.taken: set[str] = set(_RESERVED)
+        self.buffers = {b.name: b for b in kernel.buffers}
+        self.shared = {s.name: s for s in kernel.shared}
+        self.scalar_index = {s.name: i for i, s in enumerate(kernel.scalars)}
+        self.inout = list(inout_inputs)
+        for n in self.inout:
+            b = self.buffers.get(n)
+            if b is None or b.access != "readwrite":
+                raise CompileError(f"cuda: kernel {kernel.name}: inout input @{n} must be a readwrite buffer")
+        names = [DIMS_NAME, *self.buffers, *self.shared]
+        for n in names:
+            if not _IDENT.match(n) or n in _RESERVED or n.startswith("v_") or n.startswith("__"):
+                raise CompileError(f"cuda: kernel {kernel.name}: @{n} is not usable as a CUDA identifier")
+        if DIMS_NAME in self.buffers or DIMS_NAME in self.shared:
+            raise CompileError(f"cuda: kernel {kernel.name}: @{DIMS_NAME} is reserved for the launch scalars")
+        if len(set(names)) != len(names):
+            raise CompileError(f"cuda: kernel {kernel.name}: buffer and shared array names collide")
+        self.taken |= set(names)
+        #: the expression through which the body accesses each buffer
+        self.access_name = {n: n for n in self.buffers}
+        for n in self.inout:
+            self.access_name[n] = self._unique(f"{n}_rw")
+        self.table_names = {t.name: self._unique("tbl_" + re.sub(r"\W", "_", t.name)) for t in kernel.tables}
+        self.tables = {t.name: t for t in kernel.tables}
+
+    # ----- names ---------------------------------------------------------------------------
+
+    def _unique(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.taken:
+            name = f"{base}_{n}"
+            n += 1
+        self.taken.add(name)
+        return name
+
+    def define(self, v: Value) -> str:
+        name = self._unique("v_" + re.sub(r"\W", "_", v.name))
+        self.names[id(v)] = name
+        return name
+
+    def ref(self, v: Value) -> str:
+        try:
+            return self.names[id(v)]
+        except KeyError:
+            raise CompileError(f"cuda: kernel {self.k.name}: %{v.name} used before its definition") from None
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    def declare(self, depth: int, v: Value, expr: str, comment: str = "") -> None:
+        self.emit(depth, f"{cuda_type(v.type)} {self.define(v)} = {expr};{comment}")
+
+    # ----- memory --------------------------------------------------------------------------
+
+    def memory(self, name: str) -> tuple[str, ScalarType, str]:
+        """(expression, element type, kind) of a buffer or shared array; kind is shared,
+        read, write or readwrite."""
+        if name in self.buffers:
+            b = self.buffers[name]
+            return self.access_name[name], b.elem, b.access
+        if name in self.shared:
+            return name, self.shared[name].elem, "shared"
+        raise CompileError(f"cuda: kernel {self.k.name}: unknown memory @{name}")
+
+    def read(self, name: str, index: str) -> str:
+        mem, elem, kind = self.memory(name)
+        if kind == "readwrite" and elem.name in _LDCG:
+            return f"__ldcg(&{mem}[{index}])"
+        return f"{mem}[{index}]"
+
+    # ----- scalar expressions ------------------------------------------------------------------
+
+    def arith(self, name: str, t: ScalarType, a: str, b: str) -> str:
+        if t == BOOL:
+            return {"add": f"({a} != {b})", "sub": f"({a} != {b})", "xor": f"({a} != {b})",
+                    "mul": f"({a} && {b})", "and": f"({a} && {b})", "min": f"({a} && {b})",
+                    "or": f"({a} || {b})", "max": f"({a} || {b})"}[name]
+        if t == F32:
+            if name in _F32_OP:
+                return f"{_F32_OP[name]}({a}, {b})"
+            return f"{'fminf' if name == 'min' else 'fmaxf'}({a}, {b})"
+        if t == F16:
+            if name in _F16_OP:
+                return f"{_F16_OP[name]}({a}, {b})"
+            return f"{'__hmin' if name == 'min' else '__hmax'}({a}, {b})"
+        if t == BF16:
+            if name in _F32_OP:  # bf16 = the f32 result rounded to bf16 (docs/IR.md)
+                return f"__float2bfloat16_rn({_F32_OP[name]}(__bfloat162float({a}), __bfloat162float({b})))"
+            return f"{'__hmin' if name == 'min' else '__hmax'}({a}, {b})"
+        # integers
+        ct = _SCALAR[t.name]
+        if name in ("min", "max"):
+            return f"({a} {'<' if name == 'min' else '>'} {b} ? {a} : {b})"
+        op = _INT_OP[name]
+        if t == I32 and name in ("add", "sub", "mul", "shl"):  # no signed overflow: wrap in u32
+            return f"(int32_t)((uint32_t){a} {op} (uint32_t){b})"
+        if t.name in ("u8", "u16"):  # C++ promotes to int: wrap back
+            return f"(({ct})({a} {op} {b}))"
+        return f"({a} {op} {b})"
+
+    def compare(self, name: str, t: ScalarType, a: str, b: str) -> str:
+        if t in (F16, BF16):
+            return f"{_HALF_CMP[name]}({a}, {b})"
+        return f"({a} {_CMP[name]} {b})"
+
+    def cast(self, x: str, src: ScalarType, dst: ScalarType) -> str:
+        if src == dst:
+            return x
+        if dst == BOOL:
+            if src in (F16, BF16):
+                return f"({_TO_F32[src.name]}({x}) != 0.0f)"
+            return f"({x} != {_zero(src)})"
+        if dst.is_int:
+            if src.is_float:  # truncate toward zero (out of range is an error in the IR)
+                f = x if src == F32 else f"{_TO_F32[src.name]}({x})"
+                conv = f"__float2int_rz({f})" if dst == I32 else f"__float2uint_rz({f})"
+                return conv if dst.name in ("u32", "i32") else f"(({_SCALAR[dst.name]}){conv})"
+            return f"(({_SCALAR[dst.name]}){x})"  # int/bool -> int wraps
+        # -> float
+        if src == BOOL or src.name in ("u8", "u16"):
+            small = f"(unsigned short){x}"
+            if dst == F32:
+                return f"(float){x}"
+            return f"{'__ushort2half_rn' if dst == F16 else '__ushort2bfloat16_rn'}({small})"
+        if src.name == "u32":
+            return {"f32": "__uint2float_rn", "f16": "__uint2half_rn", "bf16": "__uint2bfloat16_rn"}[dst.name] + f"({x})"
+        if src == I32:
+            return {"f32": "__int2float_rn", "f16": "__int2half_rn", "bf16": "__int2bfloat16_rn"}[dst.name] + f"({x})"
+        # float -> float: widening is exact; narrowing rounds once from the f32 value
+        f = x if src == F32 else f"{_TO_F32[src.name]}({x})"
+        return f if dst == F32 else f"{_FROM_F32[dst.name]}({f})"
+
+    def bitcast(self, x: str, src: ScalarType, dst: ScalarType) -> str:
+        if src == dst:
+            return x
+        if src.bits == 16:
+            bits = {"f16": f"__half_as_ushort({x})", "bf16": f"__bfloat16_as_ushort({x})"}.get(src.name, x)
+            return {"f16": f"__ushort_as_half({bits})", "bf16": f"__ushort_as_bfloat16({bits})"}.get(
+                dst.name, f"((uint16_t){bits})")
+        if src.bits == 32:
+            bits = {"f32": f"__float_as_uint({x})", "i32": f"(uint32_t){x}"}.get(src.name, x)
+            return {"f32": f"__uint_as_float({bits})", "i32": f"(int32_t){bits}"}.get(dst.name, bits)
+        return f"(({_SCALAR[dst.name]}){x})"  # u8, bool: the same bits
+
+    # ----- ops -------------------------------------------------------------------------------
+
+    def block(self, block: Block, depth: int, on_yield) -> None:
+        for op in block.ops:
+            if op.name == "yield":
+                on_yield(op, depth)
+            else:
+                self.op(op, depth)
+
+    def op(self, op: Op, depth: int) -> None:
+        n, a = op.name, op.attrs
+        if n == "for":
+            self.for_(op, depth)
+            return
+        if n == "if":
+            self.if_(op, depth)
+            return
+        if n == "switch":
+            self.switch(op, depth)
+            return
+        ops = [self.ref(v) for v in op.operands]
+        if n == "const":
+            t = op.result.type
+            if not isinstance(t, ScalarType):
+                raise CompileError(f"cuda: const of type {t}")
+            self.declare(depth, op.result, _literal(a["value"], t), _comment_value(a["value"], t))
+        elif n == "index":
+            self.declare(depth, op.result, _INDEX[str(a["kind"])])
+        elif n == "scalar":
+            self.declare(depth, op.result, f"{DIMS_NAME}[{self.scalar_index[str(a['name'])]}]")
+        elif n in _CMP:
+            t = op.operands[0].type
+            self.declare(depth, op.result, self.compare(n, self._scalar(t, op), ops[0], ops[1]))
+        elif n in ("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"):
+            t = self._scalar(op.operands[0].type, op)
+            self.declare(depth, op.result, self.arith(n, t, ops[0], ops[1]))
+        elif n == "fma":
+            t = self._scalar(op.result.type, op)
+            expr = f"__fmaf_rn({ops[0]}, {ops[1]}, {ops[2]})" if t == F32 else f"__hfma({ops[0]}, {ops[1]}, {ops[2]})"
+            self.declare(depth, op.result, expr)
+        elif n == "select":
+            self.declare(depth, op.result, f"({ops[0]} ? {ops[1]} : {ops[2]})")
+        elif n == "cast":
+            src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
+            self.declare(depth, op.result, self.cast(ops[0], src, dst))
+        elif n == "bitcast":
+            src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
+            self.declare(depth, op.result, self.bitcast(ops[0], src, dst))
+        elif n == "load":
+            _, elem, _ = self.memory(str(a["buffer"]))
+            access = self.read(str(a["buffer"]), ops[0])
+            if len(ops) > 1:
+                access = f"({ops[1]} ? {access} : {_zero(elem)})"
+            self.declare(depth, op.result, access)
+        elif n == "vload":
+            _, elem, _ = self.memory(str(a["buffer"]))
+            size = int(a["size"])
+            name = self.define(op.result)
+            self.emit(depth, f"{cuda_type(op.result.type)} {name};")
+            for i in range(size):
+                idx = ops[0] if i == 0 else f"{ops[0]} + {i}u"
+                access = self.read(str(a["buffer"]), idx)
+                if len(ops) > 1:
+                    access = f"({ops[1]} ? {access} : {_zero(elem)})"
+                self.emit(depth, f"{name}.v[{i}] = {access};")
+        elif n == "extract":
+            self.declare(depth, op.result, f"{ops[0]}.v[{int(a['index'])}]")
+        elif n == "store":
+            mem, _, _ = self.memory(str(a["buffer"]))
+            stmt = f"{mem}[{ops[0]}] = {ops[1]};"
+            self.emit(depth, f"if ({ops[2]}) {stmt}" if len(ops) > 2 else stmt)
+        elif n == "atomic_add":
+            mem, _, _ = self.memory(str(a["buffer"]))
+            self.declare(depth, op.result, f"atomicAdd(&{mem}[{ops[0]}], {ops[1]})")
+        elif n == "table":
+            self.declare(depth, op.result, f"{self.table_names[str(a['name'])]}[{ops[0]}]")
+        elif n == "barrier":
+            self.emit(depth, "__syncthreads();" if a["scope"] == "threadgroup" else "__syncwarp();")
+        elif n == "fence":
+            self.emit(depth, "__threadfence();" if a["scope"] == "device" else "__threadfence_block();")
+        elif n == "frag_zero":
+            cuda_type(op.result.type)
+            self.declare(depth, op.result, "mdsl::zero_c()")
+        elif n == "frag_load":
+            mem, _, _ = self.memory(str(a["buffer"]))
+            t = op.result.type
+            assert isinstance(t, FragmentType)
+            cuda_type(t)
+            transpose = "true" if a.get("transpose") else "false"
+            self.declare(depth, op.result, f"mdsl::load_{t.role}<{int(a['ld'])}, {transpose}>({mem} + {ops[0]})")
+        elif n == "frag_store":
+            mem, elem, _ = self.memory(str(a["buffer"]))
+            cuda_type(op.operands[0].type)
+            if elem not in (F16, BF16, F32):
+                raise CompileError(f"cuda: kernel {self.k.name}: frag_store to @{a['buffer']} of {elem}")
+            self.emit(depth, f"mdsl::store_c<{int(a['ld'])}>({mem} + {ops[1]}, {ops[0]});")
+        elif n == "mma":
+            for v in (*op.operands, op.result):
+                cuda_type(v.type)
+            self.declare(depth, op.result, f"mdsl::mma({ops[0]}, {ops[1]}, {ops[2]})")
+        else:
+            raise CompileError(f"cuda: kernel {self.k.name}: no CUDA for op {n}")
+
+    def _scalar(self, t: Type, op: Op) -> ScalarType:
+        if not isinstance(t, ScalarType):
+            raise CompileError(f"cuda: kernel {self.k.name}: {op.name} on {t} is not supported")
+        return t
+
+    # ----- structured control flow ------------------------------------------------------------
+
+    def _declare_results(self, op: Op, depth: int) -> list[str]:
+        names = []
+        for r in op.results:
+            name = self.define(r)
+            self.emit(depth, f"{cuda_type(r.type)} {name};")
+            names.append(name)
+        return names
+
+    def _assign(self, targets: list[str], values: list[str], depth: int) -> None:
+        pairs = [(t, v) for t, v in zip(targets, values) if t != v]
+        if any(v in targets for _, v in pairs):  # parallel assignment through temporaries
+            temps = []
+            for t, v in pairs:
+                tmp = self._unique(f"{t}_next")
+                temps.append(tmp)
+                self.emit(depth, f"const auto {tmp} = {v};")
+            pairs = [(t, tmp) for (t, _), tmp in zip(pairs, temps)]
+        for t, v in pairs:
+            self.emit(depth, f"{t} = {v};")
+
+    def for_(self, op: Op, depth: int) -> None:
+        lb, ub, step = (self.ref(v) for v in op.operands[:3])
+        inits = [self.ref(v) for v in op.operands[3:]]
+        body = op.regions[0]
+        iv, carried = body.args[0], body.args[1:]
+        state = []
+        for arg, init in zip(carried, inits):
+            name = self.define(arg)
+            self.emit(depth, f"{cuda_type(arg.type)} {name} = {init};")
+            state.append(name)
+        ivn = self.define(iv)
+        self.emit(depth, f"for (uint32_t {ivn} = {lb}; {ivn} < {ub}; {ivn} += {step}) {{")
+
+        def on_yield(y: Op, d: int) -> None:
+            self._assign(state, [self.ref(v) for v in y.operands], d)
+
+        self.block(body, depth + 1, on_yield)
+        self.emit(depth, "}")
+        for r, s in zip(op.results, state):
+            self.emit(depth, f"{cuda_type(r.type)} {self.define(r)} = {s};")
+
+    def _region(self, region: Block, results: list[str], depth: int) -> None:
+        def on_yield(y: Op, d: int) -> None:
+            self._assign(results, [self.ref(v) for v in y.operands], d)
+
+        self.block(region, depth, on_yield)
+
+    @staticmethod
+    def _empty(region: Block) -> bool:
+        return all(o.name == "yield" and not o.operands for o in region.ops)
+
+    def if_(self, op: Op, depth: int) -> None:
+        cond = self.ref(op.operands[0])
+        results = self._declare_results(op, depth)
+        then, other = op.regions
+        self.emit(depth, f"if ({cond}) {{")
+        self._region(then, results, depth + 1)
+        if self._empty(other) and not results:
+            self.emit(depth, "}")
+            return
+        self.emit(depth, "} else {")
+        self._region(other, results, depth + 1)
+        self.emit(depth, "}")
+
+    def switch(self, op: Op, depth: int) -> None:
+        sel = self.ref(op.operands[0])
+        results = self._declare_results(op, depth)
+        cases = tuple(op.attrs["cases"])  # type: ignore[arg-type]
+        self.emit(depth, f"switch ({sel}) {{")
+        for value, region in zip(cases, op.regions):
+            self.emit(depth + 1, f"case {int(value)}u: {{")
+            self._region(region, results, depth + 2)
+            self.emit(depth + 2, "break;")
+            self.emit(depth + 1, "}")
+        self.emit(depth + 1, "default: {")
+        self._region(op.regions[len(cases)], results, depth + 2)
+        self.emit(depth + 2, "break;")
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
+
+    # ----- whole kernel -----------------------------------------------------------------------
+
+    def declarations(self) -> str:
+        k = self.k
+        out = [f"// kernel {k.name}: generated by marlin_dsl.backends.cuda"]
+        for t in k.tables:
+            values = [_literal(v, t.elem) for v in t.values]
+            per_row = 4 if t.elem in (F16, BF16) else 8
+            rows = [", ".join(values[i:i + per_row]) for i in range(0, len(values), per_row)]
+            out.append(f"static __device__ const {_SCALAR[t.elem.name]} {self.table_names[t.name]}"
+                       f"[{max(len(values), 1)}] = {{")
+            out += [f"    {r}," for r in rows]
+            out.append("};")
+        return "\n".join(out) + "\n\n"
+
+    def run(self) -> CudaSource:
+        k = self.k
+        if k.warp_size != CUDA.warp_size:
+            raise CompileError(f"cuda: kernel {k.name}: warps have {CUDA.warp_size} threads, "
+                               f"the kernel assumes {k.warp_size}")
+        if k.threads > CUDA.max_threads or k.threads % CUDA.warp_size or k.threads < 1:
+            raise CompileError(f"cuda: kernel {k.name}: {k.threads} threads per block; CUDA "
+                               f"allows a multiple of {CUDA.warp_size} up to {CUDA.max_threads}")
+        if k.shared_bytes > CUDA.max_shared_bytes:
+            raise CompileError(f"cuda: kernel {k.name}: {k.shared_bytes} bytes of static shared memory, "
+                               f"over the limit of {CUDA.max_shared_bytes}")
+        if "mma" in k.attrs and tuple(k.attrs["mma"]) != tuple(CUDA.mma):  # type: ignore[arg-type]
+            raise CompileError(f"cuda: kernel {k.name} was lowered for MMA {k.attrs['mma']}, "
+                               f"CUDA's is {CUDA.mma}")
+        grid = ", ".join(str(d) for d in k.grid)
+        self.emit(1, f"// {k.threads} threads per block, grid [{grid}] blocks")
+        for s in k.shared:
+            self.emit(1, f"__shared__ __align__(16) {_SCALAR[s.elem.name]} {s.name}[{s.size}];")
+        for n in self.inout:
+            t = _SCALAR[self.buffers[n].elem.name]
+            self.emit(1, f"{t}* {self.access_name[n]} = const_cast<{t}*>({n});")
+
+        def top_yield(y: Op, d: int) -> None:
+            raise CompileError(f"cuda: kernel {k.name}: yield in the kernel body")
+
+        self.block(k.body, 1, top_yield)
+        body = "\n".join(self.lines) + "\n"
+        inputs = [b.name for b in k.buffers if b.access == "read"] + list(self.inout) + [DIMS_NAME]
+        outputs = [b.name for b in k.buffers if b.access != "read" and b.name not in self.inout]
+        if not outputs:
+            raise CompileError(f"cuda: kernel {k.name}: MLX kernels need at least one output buffer")
+        for n in inputs:  # MLX adds shape/stride parameters when these names occur in the body
+            for suffix in ("_shape", "_strides", "_ndim"):
+                if n + suffix in body:
+                    raise CompileError(f"cuda: kernel {k.name}: the body mentions {n + suffix}, which "
+                                       "MLX would turn into an extra kernel parameter")
+        elems = {b.name: b.elem.name for b in k.buffers}
+        elems[DIMS_NAME] = "u32"
+        attrs = {key: k.attrs[key] for key in ("target", "format", "schedule", "pipeline", "activation",
+                                               "tile", "warps", "mma", "parallel") if key in k.attrs}
+        return CudaSource(
+            name=k.name, prelude=prelude(), declarations=self.declarations(), body=body,
+            input_names=inputs, output_names=outputs, elems=elems, threads=k.threads,
+            grid=tuple(k.grid), scalar_names=[s.name for s in k.scalars],
+            access={**{b.name: b.access for b in k.buffers}, DIMS_NAME: "read"},
+            inout_inputs=list(self.inout), shared_bytes=k.shared_bytes, attrs=attrs)
+
+
+def print_cuda(kernel: Kernel, inout_inputs: Iterable[str] = ()) -> CudaSource:
+    """Print `kernel` as CUDA for `mx.fast.cuda_kernel` (see the module docstring).
+
+    `inout_inputs`: readwrite buffers to pass as (zero-initialised) inputs instead of outputs."""
+    if not _IDENT.match(kernel.name):
+        raise CompileError(f"cuda: kernel name {kernel.name!r} is not a valid CUDA identifier")
+    return _Printer(kernel, inout_inputs).run()
