@@ -134,7 +134,8 @@ def _metadata_positions_u8(meta: np.ndarray, sp: NMSparsity, word_bits: int) -> 
     return positions
 
 
-def _place_chunks(values: np.ndarray, positions: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+def _place_chunks(values: np.ndarray, positions: np.ndarray,
+                  m: int) -> tuple[np.ndarray, np.ndarray]:
     """[B, n, c, N] stored codes and [B, n, N] validated positions (strictly increasing, so
     distinct, each below m) -> the [B, m, c, N] codes, 0 in dropped chunks, and the [B, m, N]
     kept mask that np.put_along_axis writes into zeros. As no two slots share a position,

@@ -76,7 +76,11 @@ def dequantize_rows(weights: QuantizedWeights, r0: int, r1: int, out: np.ndarray
         np.subtract(out, weights.zeros[group].astype(np.float64), out=out)
     np.multiply(out, weights.scales[group].astype(np.float64), out=out)
     if weights.keep is not None:
-        np.copyto(out, 0.0, where=~weights.keep[r0:r1])
+        # np.where(keep, value, 0.0) as a bitwise AND of each float64 with all ones (kept) or
+        # all zeros (+0.0), several times faster than a masked copy.
+        mask = weights.keep[r0:r1].astype(np.int64)
+        np.negative(mask, out=mask)  # True -> -1: every bit set
+        np.bitwise_and(out.view(np.uint64), mask.view(np.uint64), out=out.view(np.uint64))
 
 
 def dequantized_nonzero(weights: QuantizedWeights) -> np.ndarray:
