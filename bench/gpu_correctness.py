@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import platform
 import statistics
 import sys

@@ -6,35 +6,43 @@ wraps in its generated `__global__` function), `.input_names` / `.output_names`,
 `.full_source()`, a complete `extern "C" __global__` kernel with MLX's parameter list that nvcc
 compiles on its own; `.mlx_source()` reproduces MLX's whole generated translation unit.
 
-How MLX 0.32 builds and launches a custom CUDA kernel (ml-explore/mlx,
-mlx/backend/cuda/custom_kernel.cpp `build_kernel` / `CustomKernel::eval_gpu`,
-mlx/backend/cuda/jit_module.cpp, mlx/backend/cuda/utils.cpp `dtype_to_cuda_type`; the Python
-signature is `mx.fast.cuda_kernel(name, input_names, output_names, source, header="",
-ensure_row_contiguous=True, shared_memory=0)`, python/src/fast.cpp):
+How MLX 0.32.4 builds and launches a custom CUDA kernel. Sources read (ml-explore/mlx, the
+revision whose `JitModule` takes a `(precompiled, source, names)` builder and `use_disk_cache`,
+as the 0.32.4 wheel's installed `mlx/backend/cuda/jit_module.h` does):
+`mlx/backend/cuda/custom_kernel.cpp` (`default_header`, `build_kernel`, `cuda_kernel`,
+`CustomKernel::eval_gpu`), `mlx/backend/cuda/jit_module.cpp` (`compile`, `get_jit_module`),
+`mlx/backend/cuda/utils.cpp` (`dtype_to_cuda_type`), `mlx/backend/cuda/device/utils.cuh`;
+the Python signature is the 0.32.4 wheel's own (`help(mx.fast.cuda_kernel)`):
+`cuda_kernel(name, input_names, output_names, source, header="", ensure_row_contiguous=True,
+shared_memory=0)`, called as `kernel(inputs=, output_shapes=, output_dtypes=, grid=,
+threadgroup=, template=, init_value=, verbose=, stream=)`.
 
-- source text = MLX's default header (`#include "mlx/backend/cuda/device/utils.cuh"`, which
-  includes <cuda_bf16.h>, <cuda_fp16.h> and cuda/std headers; `#include <cooperative_groups.h>`;
-  `#define inf cuda::std::numeric_limits<float>::infinity()`), then our `header` at global
+- The source text is MLX's default header (`#include "mlx/backend/cuda/device/utils.cuh"`,
+  which includes <cuda_bf16.h>, <cuda_fp16.h> and cuda/std headers and defines `Shape` /
+  `Strides`; `#include <cooperative_groups.h>`; `#define inf ...`), then our `header` at global
   scope, then `namespace mlx::core::cu {` + `namespace cg = cooperative_groups;` and
-  `__global__ void custom_kernel_<name>(...)` (no `extern "C"`: NVRTC name expressions find
-  the mangled name), then `source`, then `}` and the namespace's closing brace.
-- parameters: every input as `const T* <name>` in `input_names` order, then every output as
+  `__global__ void custom_kernel_<name><template hash>(...)` (no `extern "C"`: NVRTC name
+  expressions give the mangled name), `constexpr`/`using` lines for template arguments, then
+  `source`, then `}` and the namespace's closing brace (`mlx_source()` reproduces it).
+- Parameters: every input as `const T* <name>` in `input_names` order, then every output as
   `T* <name>`; T from `dtype_to_cuda_type`: `__half`, `__nv_bfloat16`, `float`, `uint32_t`,
-  `uint8_t`, `int32_t`, `bool`... An input whose name followed by `_shape`, `_strides` or
-  `_ndim` occurs in the source also gets `const __grid_constant__ Shape/Strides/int`
-  parameters (the printer refuses bodies that would trigger this). No thread-index
-  parameters: the body uses CUDA's `threadIdx` / `blockIdx` directly.
-- compilation: NVRTC with only `--gpu-architecture=sm_XY` (sm_90 on H100) and include paths:
-  C++17 default, no fast-math, FMA contraction on (so the printer uses the `_rn` intrinsics,
-  which are never contracted). The compiled module is cached *by kernel name* for the life
-  of the process (`get_jit_module(device, name, ...)`), so two different sources must not
-  share a name: the launcher appends a hash of the source.
-- launch: `grid` and `threadgroup` are in threads as for `metal_kernel`:
-  block = (min(tx, gx), min(ty, gy), min(tz, gz)), grid = ceil(g / t) per dimension
-  (`launch_dims` gives both). Outputs are allocated by MLX (uninitialised, or filled with
-  `init_value` cast to each output's dtype); inputs are made row-contiguous first.
-  `shared_memory` is *dynamic* shared memory; the printed kernels only use static
-  `__shared__` arrays (<= 48 KB, the CUDA target's limit), so it stays 0.
+  `uint8_t`, `int32_t`, `bool`... An input with ndim > 0 whose name followed by `_shape`,
+  `_strides` or `_ndim` occurs in the source also gets `const __grid_constant__ Shape/Strides/
+  int` parameters (the printer refuses bodies that would trigger this). There are no thread
+  index parameters: the body uses `threadIdx` / `blockIdx`. No `__launch_bounds__`.
+- Compilation: NVRTC with only `--gpu-architecture=sm_<cc>` (sm_90 on H100; compute_<cc> if
+  NVRTC is too old for the device) and `--include-path`s for MLX's bundled CCCL and the CUDA
+  headers: NVRTC's defaults otherwise, i.e. C++17, full optimisation, no fast-math, FMA contraction on (so
+  the printer uses the `_rn` intrinsics, which are never contracted). The module is cached in
+  process *by kernel name* (`get_jit_module(device, name, ...)`), and a PTX disk cache keyed
+  by name is read (custom kernels do not write it), so two different sources must not share
+  a name: the launcher appends a hash of the source to the name.
+- Launch: `grid` and `threadgroup` are in threads as for `metal_kernel`: block =
+  (min(tx, gx), min(ty, gy), min(tz, gz)), grid = ceil(g / t) per dimension (`launch_dims`
+  gives both). Outputs are allocated by MLX, uninitialised or filled with `init_value` cast
+  to each output's dtype; inputs are copied to row-contiguous ones first (by default).
+  `shared_memory` is *dynamic* shared memory (opt-in above 48000 bytes); the printed kernels
+  only use static `__shared__` arrays (<= 48 KB, the CUDA target's limit), so it stays 0.
 
 Calling convention (as the Metal printer's): inputs are the read-only buffers in kernel order,
 then `dims`, a u32 array holding the launch scalars in `kernel.scalars` order (M, N, K), so one
@@ -43,6 +51,10 @@ buffer named in `inout_inputs` is passed as an input instead (after the read-onl
 `dims`): MLX declares it `const`, the body writes through a `const_cast` alias. That is for
 state the kernel must find initialised and leaves as it found it (the striped pipeline's
 arrival counters), so that the real outputs can still be poisoned through `init_value`.
+MLX's CUDA command encoder orders the nodes of its CUDA graph through the arrays each node
+*writes* (`CommandEncoder::set_output_array`, mlx/backend/cuda/device.cpp), so such an input
+must not be shared by launches that are queued together: the launcher gives every launch its
+own zeroed array.
 
 Printing rules: every SSA value is a local `v_<name>`; f16 -> `__half`, bf16 ->
 `__nv_bfloat16`, u32 -> `uint32_t`...; vectors -> `mdsl::vec<T, n>`; fragments ->
@@ -78,7 +90,8 @@ from ..ir.core import Block, GridDim, Kernel, Op, Value
 from ..ir.types import BF16, BOOL, F16, F32, I32, FragmentType, ScalarType, Type, VectorType
 from ..targets import CUDA
 
-__all__ = ["CudaSource", "print_cuda", "cuda_type", "DIMS_NAME", "MLX_DEFAULT_HEADER", "prelude"]
+__all__ = ["CudaSource", "print_cuda", "cuda_type", "DIMS_NAME", "MLX_DEFAULT_HEADER", "prelude",
+           "find_nvcc", "nvcc_check", "NvccResult", "batch_source"]
 
 #: The name of the input holding the launch scalars (the Metal printer's convention).
 DIMS_NAME = "dims"
@@ -401,7 +414,9 @@ class _Printer:
         if t == BOOL:
             return {"add": f"({a} != {b})", "sub": f"({a} != {b})", "xor": f"({a} != {b})",
                     "mul": f"({a} && {b})", "and": f"({a} && {b})", "min": f"({a} && {b})",
-                    "or": f"({a} || {b})", "max": f"({a} || {b})"}[name]
+                    "or": f"({a} || {b})", "max": f"({a} || {b})",
+                    # a shift of a 1-bit value by >= 1 is an IR error: only `a << false` is defined
+                    "shl": f"({a} && !{b})", "shr": f"({a} && !{b})"}[name]
         if t == F32:
             if name in _F32_OP:
                 return f"{_F32_OP[name]}({a}, {b})"
@@ -729,3 +744,166 @@ def print_cuda(kernel: Kernel, inout_inputs: Iterable[str] = ()) -> CudaSource:
     if not _IDENT.match(kernel.name):
         raise CompileError(f"cuda: kernel name {kernel.name!r} is not a valid CUDA identifier")
     return _Printer(kernel, inout_inputs).run()
+
+
+# ----- compile checks with nvcc ------------------------------------------------------------------
+#
+# No GPU is needed: nvcc compiles the printed text to a cubin per architecture, so the front end,
+# NVVM and ptxas (the PTX of the inline mma.sync included) all check it. Several kernels go in one
+# translation unit (each in its own namespace; the prelude is guarded), `jobs` nvcc processes at
+# a time, and results are cached by a hash of the text, flags and nvcc version.
+
+#: Flags close to NVRTC's defaults under MLX (C++17, optimised, no fast-math).
+NVCC_FLAGS = ("-std=c++17",)
+
+#: A stand-in for MLX's `mlx/backend/cuda/device/utils.cuh` (which is not installed with MLX's
+#: CPU wheels): what the generated signature relies on, so that `mlx_source()` compiles too.
+MLX_UTILS_STUB = """// Stand-in for MLX's device/utils.cuh (written by marlin_dsl.backends.cuda for nvcc checks).
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda/std/array>
+#include <cuda/std/limits>
+#include <cuda/std/tuple>
+namespace mlx::core::cu {
+using Shape = cuda::std::array<int32_t, 10>;
+using Strides = cuda::std::array<int64_t, 10>;
+}  // namespace mlx::core::cu
+"""
+
+
+def find_nvcc() -> str | None:
+    """$NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; None when there is none."""
+    import os
+    import shutil
+
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)
+    return None
+
+
+@dataclass
+class NvccResult:
+    """One nvcc invocation: some kernels, one architecture."""
+
+    names: list[str]
+    arch: str
+    ok: bool
+    seconds: float
+    cached: bool
+    log: str = ""
+    output: str = ""
+
+    def summary(self) -> str:
+        state = "ok" if self.ok else "FAILED"
+        how = "cached" if self.cached else f"{self.seconds:.1f} s"
+        return f"{self.arch} [{', '.join(self.names)}]: {state} ({how})"
+
+
+_NVCC_VERSION: dict[str, str] = {}
+
+
+def _nvcc_version(nvcc: str) -> str:
+    import subprocess
+
+    if nvcc not in _NVCC_VERSION:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+        _NVCC_VERSION[nvcc] = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else nvcc
+    return _NVCC_VERSION[nvcc]
+
+
+def _cache_dir(cache_dir) -> "Path":
+    import os
+    import tempfile
+    from pathlib import Path
+
+    d = Path(cache_dir or os.environ.get("MARLIN_NVCC_CACHE") or Path(tempfile.gettempdir()) / "marlin_dsl_nvcc")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _balanced(sources: list[CudaSource], bins: int) -> list[list[CudaSource]]:
+    """Longest-first greedy split by body length (compile time follows it closely)."""
+    bins = max(1, min(bins, len(sources)))
+    groups: list[list[CudaSource]] = [[] for _ in range(bins)]
+    load = [0] * bins
+    for s in sorted(sources, key=lambda s: (-len(s.body), s.name)):
+        i = load.index(min(load))
+        groups[i].append(s)
+        load[i] += len(s.body) + 20000  # + the fixed cost of a kernel
+    return [sorted(g, key=lambda s: s.name) for g in groups if g]
+
+
+def batch_source(sources: list[CudaSource]) -> str:
+    """Several kernels as one translation unit (each in namespace `k_<name>`)."""
+    return "".join(s.full_source(namespace=f"k_{s.name}") for s in sources)
+
+
+def nvcc_check(sources: Iterable[CudaSource], archs: Iterable[str] = ("sm_80", "sm_90"), jobs: int = 2,
+               batches: int | None = None, form: str = "full", flags: Iterable[str] = NVCC_FLAGS,
+               cache_dir=None, nvcc: str | None = None) -> list[NvccResult]:
+    """Compile printed kernels to cubins with nvcc, for every architecture in `archs`.
+
+    form "full": `full_source()`, `batches` translation units per architecture (default `jobs`);
+    form "mlx": `mlx_source()` (MLX's exact generated text, against `MLX_UTILS_STUB`), one kernel
+    per translation unit. Returns one `NvccResult` per nvcc run (cached runs included)."""
+    import hashlib as _hashlib
+    import os
+    import subprocess
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found (set $NVCC or put CUDA's bin on PATH)")
+    sources = list(sources)
+    archs = list(archs)
+    flags = list(flags)
+    root = _cache_dir(cache_dir)
+    version = _nvcc_version(nvcc)
+    include: list[str] = []
+    if form == "mlx":
+        stub = root / "mlx_stub" / "mlx" / "backend" / "cuda" / "device" / "utils.cuh"
+        if not stub.exists() or stub.read_text() != MLX_UTILS_STUB:
+            stub.parent.mkdir(parents=True, exist_ok=True)
+            tmp = stub.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(MLX_UTILS_STUB)
+            os.replace(tmp, stub)
+        include = [f"-I{root / 'mlx_stub'}"]
+        units = [([s], s.mlx_source()) for s in sources]
+    elif form == "full":
+        units = [(g, batch_source(g)) for g in _balanced(sources, batches or jobs)]
+    else:
+        raise ValueError(f"form must be 'full' or 'mlx', not {form!r}")
+
+    def run(unit: tuple[list[CudaSource], str], arch: str) -> NvccResult:
+        group, text = unit
+        names = [s.name for s in group]
+        cmd_flags = [*flags, *include, f"-arch={arch}", "-cubin"]
+        key = _hashlib.sha256("\0".join([text, *cmd_flags, version, MLX_UTILS_STUB if include else ""])
+                              .encode()).hexdigest()[:24]
+        cubin = root / f"{key}-{arch}.cubin"
+        if cubin.exists():
+            return NvccResult(names, arch, True, 0.0, True, output=str(cubin))
+        unique = f"{os.getpid()}-{time.monotonic_ns()}"
+        cu = root / f"{key}-{arch}.{unique}.cu"
+        tmp = root / f"{key}-{arch}.{unique}.cubin"
+        cu.write_text(text)
+        t = time.perf_counter()
+        proc = subprocess.run([nvcc, *cmd_flags, "-o", str(tmp), str(cu)], capture_output=True, text=True)
+        seconds = time.perf_counter() - t
+        log = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            kept = root / f"{key}-{arch}.failed.cu"
+            os.replace(cu, kept)
+            return NvccResult(names, arch, False, seconds, False, f"{log[:8000]}\n(source: {kept})")
+        cu.unlink(missing_ok=True)
+        os.replace(tmp, cubin)
+        return NvccResult(names, arch, True, seconds, False, log, str(cubin))
+
+    work = [(u, a) for a in archs for u in units]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda w: run(*w), work))

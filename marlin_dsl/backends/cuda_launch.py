@@ -1,0 +1,230 @@
+"""Launch printed GEMM kernels through MLX's `mx.fast.cuda_kernel` (MLX with its CUDA backend).
+
+`build_cuda_kernel(kernel)` takes a lowered GEMM `Kernel` (or a `CudaSource` printed from one,
+e.g. loaded from a manifest written where the compiler runs) and returns a `CudaGemm`: call it
+with a `PackedWeights` (or the MLX arrays `weights()` made from one) and activations x [M, K]
+to get y [M, N] as an MLX array in the kernel's activation type.
+
+Buffers, as `runtime.gemm_buffers` lays them out for every executor: x (flat [M, K] in the
+activation type), the packed arrays by name (flat), `dims` = [M, N, K] (u32), then the outputs.
+The striped pipeline's `counters` (one u32 per output tile; the kernel finds them zero and
+leaves them zero) are passed as a zeroed *input* (see `backends/cuda.py`, `inout_inputs`), so
+that every real output (y, and the striped pipeline's f32 `partials`) can be poisoned with NaN
+through `init_value`: an element the kernel fails to write stays NaN. `poison=False` leaves
+outputs uninitialised (no fill kernels, for timing). Each launch gets its own zeroed counters
+by default: MLX's CUDA graph orders launches only through the arrays they write, and the
+counters are an input.
+
+Grid: MLX's grid is in threads (like `metal_kernel`): (groups_x * threads, groups_y,
+groups_z) with threadgroup (threads, 1, 1), groups from the kernel's `GridDim`s over
+(M, N, K) as `ir.interpret.launch_size` evaluates them. MLX caches a compiled module by kernel
+name for the life of the process, so the name carries a hash of the printed source.
+
+Importing this module needs only numpy and marlin_dsl's printer; MLX is imported when a kernel
+is built or launched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir.core import Kernel
+from .cuda import CudaSource, print_cuda
+
+__all__ = ["CudaGemm", "CudaWeights", "build_cuda_kernel", "gemm_inout_inputs", "cuda_executor"]
+
+#: Readwrite buffers of the lowered GEMMs that a launch must find zeroed (and that the kernel
+#: leaves zeroed): the striped pipeline's arrival counters (runtime.gemm_buffers).
+ZEROED_STATE = ("counters",)
+
+_MX_DTYPE = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "u32": "uint32",
+             "u8": "uint8", "u16": "uint16", "i32": "int32", "bool": "bool_"}
+#: numpy dtype of the packed arrays and zeroed state (bf16 never occurs there).
+_NP_DTYPE = {"f16": np.float16, "f32": np.float32, "u32": np.uint32, "u8": np.uint8,
+             "u16": np.uint16, "i32": np.int32, "bool": np.bool_}
+
+
+@dataclass
+class CudaWeights:
+    """A packed weight's arrays as flat MLX arrays, ready to launch with (reusable)."""
+
+    arrays: dict
+    shape: tuple[int, int]  # (K, N)
+    format_name: str | None = None
+
+
+def gemm_inout_inputs(kernel: Kernel) -> list[str]:
+    """The readwrite buffers of a GEMM kernel to pass as zeroed inputs."""
+    return [b.name for b in kernel.buffers if b.access == "readwrite" and b.name in ZEROED_STATE]
+
+
+def _mx():
+    import mlx.core as mx
+
+    return mx
+
+
+def _mx_dtype(elem: str):
+    return getattr(_mx(), _MX_DTYPE[elem])
+
+
+class CudaGemm:
+    """A printed GEMM kernel bound to `mx.fast.cuda_kernel`; see the module docstring."""
+
+    def __init__(self, source: CudaSource, name: str | None = None) -> None:
+        self.source = source
+        self.name = name or f"{source.name}_{source.digest[:12]}"
+        attrs = source.attrs
+        self.activation = str(attrs.get("activation", source.elems.get("x", "f16")))
+        self.tile = tuple(int(v) for v in attrs.get("tile", (0, 0, 0)))
+        self.parallel = int(attrs.get("parallel", 1))
+        self.format_name = attrs.get("format")
+        self._kernel = None
+        self._zero_state: dict[tuple[str, int], object] = {}
+
+    # ----- MLX objects ------------------------------------------------------------------------
+
+    @property
+    def kernel(self):
+        """The `mx.fast.cuda_kernel` object (created on first use)."""
+        if self._kernel is None:
+            s = self.source
+            self._kernel = _mx().fast.cuda_kernel(
+                name=self.name, input_names=list(s.input_names), output_names=list(s.output_names),
+                source=s.body, header=s.header)
+        return self._kernel
+
+    def weights(self, packed) -> CudaWeights:
+        """The packed arrays as flat MLX arrays of the kernel's buffer types (reusable)."""
+        mx = _mx()
+        if self.format_name is not None and getattr(packed, "format", None) is not None \
+                and packed.format.name != self.format_name:
+            raise ShapeError(f"packed: format {packed.format.name!r} is not the kernel's {self.format_name!r}")
+        out = {}
+        for name in self.source.input_names:
+            if name == "x" or name == "dims" or name in self.source.inout_inputs:
+                continue
+            if name not in packed.arrays:
+                raise ShapeError(f"packed: has no array {name!r} (kernel {self.source.name} reads it)")
+            arr = np.ascontiguousarray(packed.arrays[name]).ravel()
+            want = np.dtype(_NP_DTYPE[self.source.elems[name]])
+            if arr.dtype != want:
+                raise ShapeError(f"packed: array {name!r} has dtype {arr.dtype}, the kernel reads {want}")
+            out[name] = mx.array(arr)
+        k, n = (int(v) for v in packed.shape)
+        return CudaWeights(out, (k, n), packed.format.name)
+
+    def _zeroed(self, name: str, size: int, fresh: bool):
+        mx = _mx()
+        dtype = np.dtype(_NP_DTYPE[self.source.elems[name]])
+        if fresh:
+            return mx.array(np.zeros(size, dtype))
+        key = (name, size)
+        if key not in self._zero_state:  # the kernel leaves these zero: one buffer serves every call
+            self._zero_state[key] = mx.array(np.zeros(size, dtype))
+        return self._zero_state[key]
+
+    # ----- launch ------------------------------------------------------------------------------
+
+    def sizes(self, m: int, n: int, k: int) -> dict[str, int]:
+        """Element counts of the outputs and zeroed-state inputs for an M x N x K problem."""
+        tm, tn, _ = self.tile
+        tiles = -(-m // tm) * -(-n // tn) if tm and tn else 0
+        sizes = {"y": m * n, "partials": tiles * self.parallel * tm * tn, "counters": tiles}
+        return {name: sizes[name] for name in (*self.source.output_names, *self.source.inout_inputs)
+                if name in sizes}
+
+    def __call__(self, weights, x, *, poison: bool = True, fresh_state: bool = True,
+                 state: dict | None = None, return_all: bool = False, verbose: bool = False):
+        """y = x @ W. `weights`: a PackedWeights or `self.weights(packed)`; x: [M, K] (MLX or
+        numpy; converted to the activation type). Returns y [M, N] (or, with `return_all`, a
+        dict of every output, flat).
+
+        The zeroed-state inputs (counters) come from `state` when given (the caller's arrays,
+        which the kernel updates in place and must leave zeroed), else from a new zero array per
+        call. MLX's CUDA backend orders the nodes of its CUDA graph only through arrays they
+        *write*, so two launches sharing one counters input could run at the same time:
+        `fresh_state=False` (one zero buffer per size, reused) is only safe when every launch
+        is evaluated before the next is queued."""
+        mx = _mx()
+        if not isinstance(weights, CudaWeights):
+            weights = self.weights(weights)
+        elif self.format_name and weights.format_name and weights.format_name != self.format_name:
+            raise ShapeError(f"weights: format {weights.format_name!r} is not the kernel's {self.format_name!r}")
+        k, n = weights.shape
+        act = _mx_dtype(self.activation)
+        if isinstance(x, np.ndarray):
+            x = mx.array(np.asarray(x, dtype=np.float32))
+        if x.ndim != 2 or x.shape[1] != k:
+            raise ShapeError(f"x: expected [M, {k}], got {tuple(x.shape)}")
+        m = int(x.shape[0])
+        if m < 1 or n < 1 or k < 1:
+            raise ShapeError(f"empty problem M={m}, N={n}, K={k}")
+        if x.dtype != act:
+            x = x.astype(act)
+        scalars = {"M": m, "N": n, "K": k}
+        sizes = self.sizes(m, n, k)
+        s = self.source
+        inputs = []
+        for name in s.input_names:
+            if name == "x":
+                inputs.append(x)
+            elif name == "dims":
+                inputs.append(mx.array(s.dims(scalars)))
+            elif name in s.inout_inputs:
+                inputs.append(state[name] if state and name in state
+                              else self._zeroed(name, sizes[name], fresh_state))
+            else:
+                inputs.append(weights.arrays[name])
+        grid, threadgroup = s.launch_dims(scalars)
+        outs = self.kernel(
+            inputs=inputs,
+            output_shapes=[(sizes[name],) for name in s.output_names],
+            output_dtypes=[_mx_dtype(s.elems[name]) for name in s.output_names],
+            grid=grid, threadgroup=threadgroup,
+            init_value=float("nan") if poison else None, verbose=verbose)
+        result = dict(zip(s.output_names, outs))
+        if return_all:
+            return result
+        return result["y"].reshape(m, n)
+
+
+def build_cuda_kernel(kernel: Kernel | CudaSource, name: str | None = None) -> CudaGemm:
+    """A launcher for a lowered GEMM kernel (printed here with the counters as zeroed inputs)
+    or for a `CudaSource` printed elsewhere."""
+    if isinstance(kernel, Kernel):
+        source = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
+    else:
+        source = kernel
+    return CudaGemm(source, name)
+
+
+def cuda_executor():
+    """An executor for `kernel_check.check_kernel` (Kernel, numpy buffers as
+    `runtime.gemm_buffers` makes them, scalars) -> numpy outputs, running on MLX's CUDA
+    backend. Launchers are cached per kernel."""
+    cache: dict[int, CudaGemm] = {}
+
+    def execute(kernel: Kernel, buffers: dict[str, np.ndarray], scalars: dict[str, int]) -> dict[str, np.ndarray]:
+        mx = _mx()
+        gemm = cache.get(id(kernel))
+        if gemm is None:
+            gemm = cache[id(kernel)] = build_cuda_kernel(kernel)
+        s = gemm.source
+        m, n, k = (int(scalars[c]) for c in "MNK")
+        weights = CudaWeights({name: mx.array(np.ascontiguousarray(buffers[name]))
+                               for name in s.input_names if name not in ("x", "dims", *s.inout_inputs)},
+                              (k, n))
+        x = mx.array(buffers["x"].reshape(m, k).astype(np.float32))
+        state = {name: mx.array(np.ascontiguousarray(buffers[name])) for name in s.inout_inputs}
+        outs = gemm(weights, x, return_all=True, state=state)
+        mx.eval(*outs.values())
+        result = {}
+        for name, arr in {**outs, **state}.items():  # state: read back what the kernel left
+            a = np.array(arr.astype(mx.float32) if s.elems[name] == "bf16" else arr)
+            result[name] = a.astype(buffers[name].dtype) if name in buffers else a
+        return result
+
+    return execute
