@@ -5,6 +5,12 @@ dequantisation and validation are derived from the description. A `Gemm` pairs a
 `Schedule`; `marlin_dsl.lowering` lowers it to kernel IR (`marlin_dsl.ir`), `marlin_dsl.passes`
 transforms it.
 """
+from pathlib import Path as _Path
+
+from ._source_layout import register_source_subpackages
+
+register_source_subpackages(__name__, _Path(__file__).resolve().parent)
+
 from .api import (
     pack,
     pack_fp4_2of4_weights,
