@@ -33,11 +33,6 @@ Backend = Literal["auto", "metal", "cuda", "mlx"]
 _BACKENDS = ("auto", "metal", "cuda", "mlx")
 #: Activation dtypes the layer computes in (the kernels' f16/bf16, and f32 for the MLX path).
 _ACTIVATION_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
-#: Kernel backends whose launcher `_run_kernel_backend` dispatches to. Empty until the Metal
-#: and CUDA printers are wired in; "auto" falls back to "mlx" for a backend not listed here.
-_WIRED_KERNEL_BACKENDS: frozenset[str] = frozenset({"metal"})
-
-
 # ----- backend selection ------------------------------------------------------------------
 
 def _metal_available() -> bool:
@@ -90,8 +85,8 @@ def select_backend(backend: str = "auto") -> str:
 
 def _run_kernel_backend(name: str, x: mx.array, packed: PackedWeights) -> mx.array:
     """x [..., K] @ W with our compiled kernel on backend `name` ("metal" or "cuda"); `packed`
-    holds MLX arrays (checked). The one place where kernel launchers are dispatched: wiring a
-    backend in means a branch here and its name in `_WIRED_KERNEL_BACKENDS`."""
+    holds MLX arrays (checked). The one place where kernel launchers are dispatched; each
+    compiles the format's default schedule on first use (`schedule.default_schedule`)."""
     if name == "metal":
         from .backends.metal_runtime import metal_launcher
 
@@ -101,11 +96,17 @@ def _run_kernel_backend(name: str, x: mx.array, packed: PackedWeights) -> mx.arr
         arrays = [packed.arrays[n] for n in launcher.INPUT_NAMES if n not in ("x", "dims")]
         y = launcher.launch(x2, *arrays)
         return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
-    label = {"metal": "Metal", "cuda": "CUDA"}.get(name, name)
-    raise MarlinDSLError(
-        f"the {label} kernels are not wired into quantized_linear yet (format "
-        f"{packed.format.name!r}); use backend='mlx' (dequantise with MLX ops, then matmul) "
-        "or 'auto', which does so until they are")
+    if name == "cuda":
+        from .backends.cuda_launch import CudaWeights
+        from .backends.cuda_runtime import cuda_gemm
+
+        activation = "bf16" if x.dtype == mx.bfloat16 else "f16"
+        gemm = cuda_gemm(packed.format, activation)
+        flat = {n: a.reshape(-1) for n, a in packed.arrays.items()}
+        weights = CudaWeights(flat, tuple(int(v) for v in packed.shape), packed.format.name)
+        y = gemm(weights, x.reshape(-1, x.shape[-1]), poison=False)
+        return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
+    raise MarlinDSLError(f"backend: no kernel launcher for {name!r}")
 
 
 # ----- argument checks ----------------------------------------------------------------------
@@ -177,8 +178,6 @@ def quantized_linear(x: mx.array, packed: PackedWeights, bias: mx.array | None =
     k, n = packed.shape
     x = _check_activation(x, k, check_finite)
     b = None if bias is None else _check_bias(bias, n, x.dtype, check_finite)
-    if name != "mlx" and backend == "auto" and name not in _WIRED_KERNEL_BACKENDS:
-        name = "mlx"  # see _WIRED_KERNEL_BACKENDS: "auto" must run everywhere
     if name == "mlx":
         w = dequantize_mx(packed.format, packed.shape, packed.arrays).astype(x.dtype)
         y = mx.matmul(x, w)

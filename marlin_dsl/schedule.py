@@ -135,3 +135,12 @@ class Gemm:
         if self.activation not in ("f16", "bf16"):
             raise ScheduleError(f"gemm {self.name!r}: activation must be 'f16' or 'bf16', "
                                      f"got {self.activation!r}", self.location)
+
+
+def default_schedule(fmt: Format) -> Schedule:
+    """The schedule `quantized_linear` compiles a format with when no spec names one: seed
+    002's fused kernel (64x64 tiles, 2x2 warps) with K steps of 32 positions, or of the
+    format's K granule when that is larger (so a step holds whole packed units)."""
+    from math import lcm
+
+    return Schedule("auto_fused", tile_k=lcm(32, fmt.k_granule), pipeline=FusedDequant())

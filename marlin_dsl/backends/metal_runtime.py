@@ -7,20 +7,13 @@ import hashlib
 import importlib.util
 import os
 from functools import lru_cache
-from math import lcm
 from pathlib import Path
 from types import ModuleType
 
 from ..formats import Format
 from ..formats.text import format_to_text
-from ..schedule import FusedDequant, Gemm, Schedule
+from ..schedule import Gemm, default_schedule
 from ..targets import METAL
-
-
-def default_schedule(fmt: Format) -> Schedule:
-    """Seed 002's fused kernel (64x64 tiles, 2x2 simdgroups), K steps that hold whole units
-    of the format: 32 K positions, or the format's granule when that is larger."""
-    return Schedule("auto_fused", tile_k=lcm(32, fmt.k_granule), pipeline=FusedDequant())
 
 
 def _cache_root() -> Path:
