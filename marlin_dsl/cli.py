@@ -101,10 +101,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
             else:
                 shipped[compiled.gemm.name] = metal_text(print_metal(compiled.kernel), compiled, spec.path)
     elif args.output is not None:
+        from .backends.cuda import print_cuda
+
         for spec, compiled, _ in compiled_all:
             folder = args.output / spec.stem / compiled.gemm.name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{compiled.gemm.name}.{target.name}.ir").write_text(print_kernel(compiled.kernel))
+            # A complete translation unit (prelude, tables, kernel with MLX's parameter list):
+            # what nvcc compiles in the tests and what mx.fast.cuda_kernel receives in parts.
+            (folder / f"{compiled.gemm.name}.cu").write_text(print_cuda(compiled.kernel).full_source())
 
     harness = None
     if target.name == "metal" and not args.no_check:
