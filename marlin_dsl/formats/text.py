@@ -25,9 +25,9 @@ from numbers import Integral, Real
 from typing import Any, Callable, Iterable, Union
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
-from lark.lexer import PatternStr
+from lark.exceptions import UnexpectedInput, VisitError
 
+from ..lark_errors import describe_syntax_error
 from ..errors import FormatError, SourceLocation
 from ..grammar import read_grammar
 from .encodings import FloatEncoding, IntEncoding, TableEncoding
@@ -363,32 +363,9 @@ def _parser() -> Lark:
     return Lark(read_grammar("format.lark"), parser="lalr", propagate_positions=True)
 
 
-def _expected(parser: Lark, names: Iterable[str]) -> str:
-    """Terminal names as a reader knows them: keywords and punctuation quoted."""
-    shown = []
-    for name in names:
-        try:
-            pattern = parser.get_terminal(name).pattern
-        except KeyError:
-            shown.append(name)
-            continue
-        shown.append(f'"{pattern.value}"' if isinstance(pattern, PatternStr) else name)
-    return ", ".join(sorted(shown))
-
-
 def _syntax_error(err: UnexpectedInput, text: str, source: str) -> FormatError:
-    parser = _parser()
-    line = err.line if err.line > 0 else text.count("\n") + 1
-    if isinstance(err, UnexpectedToken):
-        got = "end of input" if err.token.type == "$END" else repr(str(err.token))
-        # `accepts` (after reductions) is exact; `expected` may hold LALR look-ahead extras.
-        expected = err.accepts or err.expected
-        message = f"unexpected {got}, expected one of: {_expected(parser, expected)}"
-    elif isinstance(err, UnexpectedCharacters):
-        message = f"unexpected character {err.char!r} at column {err.column}"
-    else:
-        message = "unexpected end of input"
-    return FormatError(f"syntax error: {message}", SourceLocation(source, line))
+    message, line = describe_syntax_error(_parser(), err, text)
+    return FormatError(message, SourceLocation(source, line))
 
 
 def formats_from_text(text: str, source: str = "<text>") -> list[Format]:

@@ -39,10 +39,10 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 from lark import Lark, Token, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
-from lark.lexer import PatternStr
+from lark.exceptions import UnexpectedInput, VisitError
 from lark.load_grammar import FromPackageLoader
 
+from ..lark_errors import describe_syntax_error
 from ..errors import MarlinDSLError, SourceLocation
 from ..formats.text import Attr, AttrTransformer, quote
 from ..grammar import read_grammar
@@ -493,29 +493,9 @@ def _parser() -> Lark:
                 import_paths=[FromPackageLoader("marlin_dsl.grammar")])
 
 
-def _expected(parser: Lark, names: Iterable[str]) -> str:
-    """Terminal names as a reader knows them: keywords and punctuation quoted."""
-    shown = []
-    for name in names:
-        try:
-            pattern = parser.get_terminal(name).pattern
-        except KeyError:
-            shown.append(name)
-            continue
-        shown.append(f'"{pattern.value}"' if isinstance(pattern, PatternStr) else name)
-    return ", ".join(sorted(shown))
-
-
 def _syntax_error(err: UnexpectedInput, text: str, source: str) -> IRParseError:
-    line = err.line if err.line > 0 else text.count("\n") + 1
-    if isinstance(err, UnexpectedToken):
-        got = "end of input" if err.token.type == "$END" else repr(str(err.token))
-        message = f"unexpected {got}, expected one of: {_expected(_parser(), err.accepts or err.expected)}"
-    elif isinstance(err, UnexpectedCharacters):
-        message = f"unexpected character {err.char!r} at column {err.column}"
-    else:
-        message = "unexpected end of input"
-    return IRParseError(f"syntax error: {message}", SourceLocation(source, line))
+    message, line = describe_syntax_error(_parser(), err, text)
+    return IRParseError(message, SourceLocation(source, line))
 
 
 def parse_kernels(text: str, source: str = "<ir>", check: bool = True) -> list[Kernel]:
