@@ -42,9 +42,11 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-SHAPES_KN = ((4096, 4096), (4096, 14336))
+SHAPES_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
 MS = (1, 7, 16, 64)
-TAILS = ((3, 4096 + 40, 4096),)  # (M, N, K)
+#: (M, N, K): the large M on one shape (float64 references of 2048 x 4096 x 14336 would dominate
+#: the run), and tails in M, N and K.
+EXTRA = ((256, 4096, 4096), (2048, 4096, 4096), (3, 4096 + 40, 4096), (65, 4096 + 24, 4096 + 128))
 REL_TOL = {"f16": 2e-3, "bf16": 1.6e-2}  # marlin_dsl.kernel_check.REL_TOL
 
 
@@ -66,7 +68,7 @@ def problem_shapes(quick: bool) -> list[tuple[int, int, int]]:
     """(M, N, K) of every check."""
     if quick:
         return [(7, 4096, 4096), (3, 4096 + 40, 4096)]
-    return [(m, n, k) for k, n in SHAPES_KN for m in MS] + list(TAILS)
+    return [(m, n, k) for k, n in SHAPES_KN for m in MS] + list(EXTRA)
 
 
 def load_kernels(args, log: Log) -> list[dict]:
@@ -100,7 +102,7 @@ def load_kernels(args, log: Log) -> list[dict]:
             "and pass --kernels .gpu_kernels here.")
         raise SystemExit(2)
     sys.path.insert(0, str(ROOT / "bench"))
-    from prepare_gpu_kernels import PIPELINES, kernel_name  # noqa: E402
+    from prepare_gpu_kernels import PIPELINES, gpu_schedule, kernel_name  # noqa: E402
 
     import marlin_dsl as md
     from marlin_dsl import CUDA, Gemm, Schedule
@@ -113,8 +115,11 @@ def load_kernels(args, log: Log) -> list[dict]:
         for pl in args.pipelines or list(PIPELINES):
             for act in args.activations or ["f16", "bf16"]:
                 name = kernel_name(fmt_name, pl, act)
-                kernel = _compile(Gemm(name, fmt, Schedule("gpu", pipeline=PIPELINES[pl]()), activation=act),
-                                  CUDA).kernel
+                try:
+                    sched = gpu_schedule(fmt, pl)
+                except md.ScheduleError:
+                    continue  # e.g. block-pattern formats have no weight-stream layout
+                kernel = _compile(Gemm(name, fmt, sched, activation=act), CUDA).kernel
                 src = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
                 entries.append({"name": name, "format": fmt_name, "group_size": fmt.scale.group_size,
                                 "pipeline": pl, "activation": act, "source": src})
@@ -214,13 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                         row = {"kernel": e["name"], "format": fmt_name, "pipeline": e["pipeline"],
                                "activation": act, "M": m, "N": n, "K": k}
                         try:
-                            if fmt_name not in weights:
-                                weights[fmt_name] = gemm.weights(packed)
+                            layout = gemm.source.attrs.get("weight_layout")  # the target's layout
+                            if layout not in weights:
+                                weights[layout] = gemm.weights(packed)
                             state = {name: mx.array(np.zeros(size, np.uint32))
                                      for name, size in gemm.sizes(m, n, k).items()
                                      if name in gemm.source.inout_inputs}
                             t = time.perf_counter()
-                            y = gemm(weights[fmt_name], x_mx, state=state, verbose=args.verbose_kernel)
+                            y = gemm(weights[layout], x_mx, state=state, verbose=args.verbose_kernel)
                             mx.eval(y)
                             row["first_call_s"] = round(time.perf_counter() - t, 4)
                             yv = np.array(y.astype(mx.float32)).astype(np.float64)
@@ -236,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                                        traceback=traceback.format_exc()[-4000:])
                         if args.time and row["ok"]:
                             try:
-                                row["median_s"] = time_kernel(mx, gemm, weights[fmt_name], x_mx, args.time)
+                                row["median_s"] = time_kernel(mx, gemm, weights[layout], x_mx, args.time)
                             except Exception as exc:  # noqa: BLE001
                                 row.update(ok=False, error=f"timing: {type(exc).__name__}: {exc}"[:4000],
                                            traceback=traceback.format_exc()[-4000:])

@@ -35,7 +35,19 @@ from marlin_dsl.compiler import compile_gemm  # noqa: E402
 
 #: The pipelines the correctness run covers (the striped one as the Metal tests use it).
 PIPELINES = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
-             "striped": lambda: StripedKParallel(parallel=2, groups=132)}
+             "striped": lambda: StripedKParallel(parallel=2, groups=132),
+             "weight_stream": None, "weight_stream_m16": None}
+#: rows of M each weight-stream kernel is scheduled for (`marlin_dsl.schedule.stream_schedule`)
+STREAM_M = {"weight_stream": 1, "weight_stream_m16": 16}
+
+
+def gpu_schedule(fmt, pipeline: str) -> Schedule:
+    """The schedule a correctness kernel uses: seed 002's 64x64x32 tiles, or for the
+    weight-stream pipeline the schedule chosen for M = 1 or 16 rows. A ScheduleError means the
+    pipeline does not take the format (block patterns and 4:8 have no weight-stream layout)."""
+    if pipeline in STREAM_M:
+        return md.stream_schedule(fmt, STREAM_M[pipeline])
+    return Schedule("gpu", pipeline=PIPELINES[pipeline]())
 MANIFEST_VERSION = 1
 
 
@@ -53,7 +65,11 @@ def prepare(out: Path, formats: list[str], pipelines: list[str], activations: li
         for pl in pipelines:
             for act in activations:
                 name = kernel_name(fmt_name, pl, act)
-                gemm = Gemm(name, fmt, Schedule("gpu", pipeline=PIPELINES[pl]()), activation=act)
+                try:
+                    sched = gpu_schedule(fmt, pl)
+                except md.ScheduleError:
+                    continue
+                gemm = Gemm(name, fmt, sched, activation=act)
                 kernel = compile_gemm(gemm, CUDA).kernel
                 src = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
                 (out / f"{name}.json").write_text(json.dumps(src.to_json()))

@@ -21,6 +21,15 @@
 //   - store_c: every lane writes its four accumulator elements, converted to the memory type
 //     with round-to-nearest-even.
 //   - mma: the PTX instruction as inline asm (f32 accumulate; f16 or bf16 inputs).
+//   - 2:4 sparse MMA, PTX `mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{f16,bf16}`
+//     (PTX ISA 9.7.14.6; the layout, checked on an H100, is marlin_dsl/backends/cuda_sparse_layout.py):
+//       A: the compressed 16x16 tile (two kept values per 4 logical columns) in frag_a's layout;
+//       B 32x8 (k x n, 4 x .b32, lower row in the low half): frag_b32,
+//         x[r] = (2t + 8r .. 2t + 8r + 1, g), r = 0..3;
+//       C as for mma; one .b32 metadata word per lane and an immediate selector F in {0, 1}:
+//       lanes 4g + 2F + h (h = 0, 1) supply the 2-bit indices of rows g (bits 15:0) and g + 8
+//       (bits 31:16), groups 4h..4h+3, the other lanes' words are not read.
+//     load_b32 / mma_sp<F> as load_b / mma.
 //   - vec<T, N>: the IR's short vectors.
 #ifndef MARLIN_DSL_CUDA_PRELUDE
 #define MARLIN_DSL_CUDA_PRELUDE
@@ -35,10 +44,18 @@
 
 namespace mdsl {
 
+// Aligned to its size where that is 4, 8 or 16 bytes, so a vload is one vector access.
 template <typename T, int N>
-struct vec {
+struct alignas((sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16) ? sizeof(T) * N
+                                                                                  : alignof(T)) vec {
   T v[N];
 };
+
+// An all-zero vector (what a vload with a false predicate gives). NVRTC has no memset.
+template <typename V>
+__device__ __forceinline__ V zero_vec() {
+  return V{};  // mdsl::vec: aggregate, every element value-initialised to zero
+}
 
 template <typename T>
 struct frag_a {
@@ -48,6 +65,12 @@ struct frag_a {
 template <typename T>
 struct frag_b {
   uint32_t x[2];
+};
+
+// B of the sparse m16n8k32 (32 x 8, k x n).
+template <typename T>
+struct frag_b32 {
+  uint32_t x[4];
 };
 
 struct frag_c {
@@ -69,6 +92,39 @@ __device__ __forceinline__ uint32_t bits16(__nv_bfloat16 v) {
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(T lo, T hi) {
   return bits16(lo) | (bits16(hi) << 16);
+}
+
+// A half2 / bfloat162 and the 32-bit word holding it (element 0 in the low half).
+__device__ __forceinline__ uint32_t pair_bits(__half2 v) {
+  return pack2(v.x, v.y);
+}
+
+__device__ __forceinline__ uint32_t pair_bits(__nv_bfloat162 v) {
+  return pack2(v.x, v.y);
+}
+
+template <typename P>
+__device__ __forceinline__ P bits_to_pair(uint32_t w);
+
+template <>
+__device__ __forceinline__ __half2 zero_vec<__half2>() {
+  return __halves2half2(__ushort_as_half((unsigned short)0u), __ushort_as_half((unsigned short)0u));
+}
+
+template <>
+__device__ __forceinline__ __nv_bfloat162 zero_vec<__nv_bfloat162>() {
+  return __halves2bfloat162(__ushort_as_bfloat16((unsigned short)0u), __ushort_as_bfloat16((unsigned short)0u));
+}
+
+template <>
+__device__ __forceinline__ __half2 bits_to_pair<__half2>(uint32_t w) {
+  return __halves2half2(__ushort_as_half((unsigned short)(w & 0xFFFFu)), __ushort_as_half((unsigned short)(w >> 16)));
+}
+
+template <>
+__device__ __forceinline__ __nv_bfloat162 bits_to_pair<__nv_bfloat162>(uint32_t w) {
+  return __halves2bfloat162(__ushort_as_bfloat16((unsigned short)(w & 0xFFFFu)),
+                            __ushort_as_bfloat16((unsigned short)(w >> 16)));
 }
 
 template <typename T>
@@ -123,6 +179,21 @@ __device__ __forceinline__ frag_b<T> load_b(const T* p) {
     const bool wide = (LD % 2 == 0) && aligned4(p);
     f.x[0] = pair_along_row<LD>(p, g, 2u * t, wide);
     f.x[1] = pair_along_row<LD>(p, g, 2u * t + 8u, wide);
+  }
+  return f;
+}
+
+template <int LD, bool TRANS, typename T>
+__device__ __forceinline__ frag_b32<T> load_b32(const T* p) {
+  const uint32_t lane = lane_id(), g = lane >> 2, t = lane & 3u;
+  frag_b32<T> f;
+  const bool wide = (LD % 2 == 0) && aligned4(p);
+  for (uint32_t r = 0; r < 4u; ++r) {
+    if (!TRANS) {  // tile[k][n] = p[k * LD + n]
+      f.x[r] = pair_down_column<LD>(p, 2u * t + 8u * r, g);
+    } else {  // tile[k][n] = p[n * LD + k]
+      f.x[r] = pair_along_row<LD>(p, g, 2u * t + 8u * r, wide);
+    }
   }
   return f;
 }
@@ -186,6 +257,36 @@ __device__ __forceinline__ frag_c mma(const frag_a<__nv_bfloat16>& a, const frag
       : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
       : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]),
         "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]));
+  return d;
+}
+
+// D = A @ B + C with A 2:4 sparse: compressed in `a`, the kept values' positions in the lanes'
+// `meta` words. SEL, the sparsity selector, must be an immediate in the instruction ("n").
+template <int SEL>
+__device__ __forceinline__ frag_c mma_sp(const frag_a<__half>& a, const frag_b32<__half>& b, const frag_c& c,
+                                         uint32_t meta) {
+  static_assert(SEL == 0 || SEL == 1, "mma_sp: the m16n8k32 sparsity selector is 0 or 1");
+  frag_c d;
+  asm volatile(
+      "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9, %10, %11}, {%12, %13, %14, %15}, %16, %17;\n"
+      : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
+      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]), "r"(b.x[2]),
+        "r"(b.x[3]), "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]), "r"(meta), "n"(SEL));
+  return d;
+}
+
+template <int SEL>
+__device__ __forceinline__ frag_c mma_sp(const frag_a<__nv_bfloat16>& a, const frag_b32<__nv_bfloat16>& b,
+                                         const frag_c& c, uint32_t meta) {
+  static_assert(SEL == 0 || SEL == 1, "mma_sp: the m16n8k32 sparsity selector is 0 or 1");
+  frag_c d;
+  asm volatile(
+      "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9, %10, %11}, {%12, %13, %14, %15}, %16, %17;\n"
+      : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
+      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]), "r"(b.x[2]),
+        "r"(b.x[3]), "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]), "r"(meta), "n"(SEL));
   return d;
 }
 #endif  // MDSL_HOST_LAYOUT_CHECK

@@ -241,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--formats", nargs="+", metavar="FORMAT", choices=list(BUILTIN_FORMATS),
                        help="built-in formats (default: all; --quick: fp4 fp4_2of4)")
     bench.add_argument("--pipelines", nargs="+", metavar="PIPELINE",
-                       choices=["double_buffered", "fused_dequant", "striped"],
-                       help="pipelines (default: double_buffered fused_dequant striped)")
+                       choices=["double_buffered", "fused_dequant", "striped", "weight_stream"],
+                       help="pipelines (default: all four; weight_stream picks its schedule by M "
+                            "and skips formats it has no layout for)")
     bench.add_argument("--shapes", nargs="+", type=parse_shape, metavar="KxN",
                        help="weight shapes (default: 4096x4096 4096x14336 14336x4096; --quick: 4096x4096)")
     bench.add_argument("--m", nargs="+", type=_positive, metavar="M",

@@ -57,13 +57,13 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from .errors import MarlinDSLError
+from .errors import MarlinDSLError, ScheduleError
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 14336), (14336, 4096))
 DEFAULT_MS: tuple[int, ...] = (1, 16, 64, 256, 2048)
 #: Every pipeline the bench can build (the striped one with one group per H100 SM, as
 #: bench/prepare_gpu_kernels.py builds it for the correctness run).
-PIPELINES: tuple[str, ...] = ("double_buffered", "fused_dequant", "striped")
+PIPELINES: tuple[str, ...] = ("double_buffered", "fused_dequant", "striped", "weight_stream")
 #: The default selection: every pipeline. The default run (7 formats x 3 pipelines x 3 shapes
 #: x 5 Ms) took 3.3 min on an H100 (2026-11-22), of which ~70 s were MLX compiling its own
 #: quantized_matmul kernels and ~45 s NVRTC compiling ours.
@@ -386,6 +386,9 @@ def run_bench(formats: Sequence[str] | None = None, pipelines: Sequence[str] | N
             for pl in pipelines:
                 try:
                     subject = runner.marlin(fmt, pl, k, n)
+                except ScheduleError as exc:  # the pipeline does not take this format: not a failure
+                    log(f"skip {kernel_label('marlin', fmt, pl)}: {exc}")
+                    continue
                 except Exception as exc:  # noqa: BLE001
                     label = {"kernel": kernel_label("marlin", fmt, pl), "kind": "marlin", "format": fmt,
                              "pipeline": pl, "K": k, "N": n, "M": None, "weight_bytes": 0,
@@ -665,10 +668,13 @@ def _host_copy(mx, a):
     return mx.array(np.array(a))
 
 
-def _schedule(fmt, pipeline: str):
+def _schedule(fmt, pipeline: str, m: int = 1):
     from math import lcm
 
-    from .schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel
+    from .schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel, stream_schedule
+
+    if pipeline == "weight_stream":  # its schedule depends on M (stream_schedule's buckets)
+        return stream_schedule(fmt, m)
 
     pl = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
           "striped": lambda: StripedKParallel(parallel=2, groups=132)}[pipeline]()
@@ -846,8 +852,11 @@ class MLXRunner:
                      f"{packed.nbytes / 2**20:.1f} MiB]")
         return self._packed[key]
 
-    def _gemm(self, fmt_name: str, pipeline: str):
-        key = (fmt_name, pipeline)
+    def _gemm(self, fmt_name: str, pipeline: str, m: int = 1):
+        from .formats.builtin import builtin_format
+
+        schedule = _schedule(builtin_format(fmt_name), pipeline, m)
+        key = (fmt_name, pipeline, schedule.name)
         if key not in self._gemms:
             try:
                 import networkx  # noqa: F401
@@ -861,14 +870,14 @@ class MLXRunner:
 
             t = time.perf_counter()
             fmt = builtin_format(fmt_name)
-            gemm = Gemm(f"bench_{fmt_name}_{pipeline}_f16", fmt, _schedule(fmt, pipeline), activation="f16")
+            gemm = Gemm(f"bench_{fmt_name}_{pipeline}_f16", fmt, schedule, activation="f16")
             if self.backend == "cuda":
                 from .backends.cuda_launch import build_cuda_kernel
 
                 self._gemms[key] = build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
             else:
                 self._gemms[key] = _metal_launcher(compile_gemm(gemm, METAL))
-            self.compile_s[f"{fmt_name}/{pipeline}"] = round(time.perf_counter() - t, 2)
+            self.compile_s[f"{fmt_name}/{pipeline}/{schedule.name}"] = round(time.perf_counter() - t, 2)
         return self._gemms[key]
 
     def marlin(self, fmt_name: str, pipeline: str, k: int, n: int) -> Subject:
@@ -879,13 +888,15 @@ class MLXRunner:
         count = copies_for(packed.nbytes)
         reference = lambda x: mx.matmul(x.astype(mx.float32), dense)  # noqa: E731
         if self.backend == "cuda":
-            if "cuda" not in entry["copies"]:
-                entry["copies"]["cuda"] = [gemm.weights(packed) for _ in range(count)]
-                mx.eval(*[a for c in entry["copies"]["cuda"] for a in c.arrays.values()])
-            copies = entry["copies"]["cuda"]
+            layout = f"cuda/{gemm.source.attrs.get('weight_layout')}"  # the target's physical layout
+            if layout not in entry["copies"]:
+                entry["copies"][layout] = [gemm.weights(packed) for _ in range(count)]
+                mx.eval(*[a for c in entry["copies"][layout] for a in c.arrays.values()])
+            copies = entry["copies"][layout]
+            for_m = lambda m: self._gemm(fmt_name, pipeline, m)  # noqa: E731  (M picks the schedule)
             return _Subject(self, "marlin", fmt_name, pipeline, k, n, packed.nbytes, count,
-                            lambda x, m: _cuda_launch(mx, gemm, copies, x, m, n, k),
-                            lambda x, m: (lambda i: gemm(copies[i % len(copies)], x, poison=False)),
+                            lambda x, m: _cuda_launch(mx, for_m(m), copies, x, m, n, k),
+                            lambda x, m: (lambda i, g=for_m(m): g(copies[i % len(copies)], x, poison=False)),
                             reference)
         if "metal" not in entry["copies"]:
             names = [nm for nm in gemm.INPUT_NAMES if nm not in ("x", "dims")]

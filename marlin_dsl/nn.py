@@ -97,14 +97,12 @@ def _run_kernel_backend(name: str, x: mx.array, packed: PackedWeights) -> mx.arr
         y = launcher.launch(x2, *arrays)
         return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
     if name == "cuda":
-        from .backends.cuda_launch import CudaWeights
-        from .backends.cuda_runtime import cuda_gemm
+        from .backends.cuda_runtime import cuda_gemm, cuda_schedule, cuda_weights
 
         activation = "bf16" if x.dtype == mx.bfloat16 else "f16"
-        gemm = cuda_gemm(packed.format, activation)
-        flat = {n: a.reshape(-1) for n, a in packed.arrays.items()}
-        weights = CudaWeights(flat, tuple(int(v) for v in packed.shape), packed.format.name)
-        y = gemm(weights, x.reshape(-1, x.shape[-1]), poison=False)
+        x2 = x.reshape(-1, x.shape[-1])
+        gemm = cuda_gemm(packed.format, activation, cuda_schedule(packed.format, int(x2.shape[0])))
+        y = gemm(cuda_weights(gemm, packed), x2, poison=False)
         return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
     raise MarlinDSLError(f"backend: no kernel launcher for {name!r}")
 

@@ -26,6 +26,28 @@ def round_to_activation(x: np.ndarray, activation: str) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32)
 
 
+def physical_arrays(attrs: dict, packed: PackedWeights) -> dict[str, np.ndarray]:
+    """The packed arrays in the physical layout the kernel (its `attrs`) reads: the target
+    chooses it at pack time; kernels without a `weight_layout` read the format's own layout."""
+    layout = attrs.get("weight_layout")
+    if layout is None or packed.layout == layout:  # already in the kernel's layout
+        return dict(packed.arrays)
+    from .lowering.stream_layout import LAYOUT_NAME, stream_arrays
+    from .targets import TARGETS
+
+    if layout != LAYOUT_NAME:
+        raise ShapeError(f"kernel: unknown weight layout {layout!r}")
+    # K is even here: the layout takes code widths dividing 16, whose K granule (32 / bits
+    # codes per word) is even, so the kernel's pairs of activations never straddle a row.
+    return stream_arrays(packed.format, TARGETS[str(attrs["target"])], packed)
+
+
+def to_kernel_layout(attrs: dict, packed: PackedWeights) -> PackedWeights:
+    """`packed` re-laid out once for kernels with these attrs (reusable across calls)."""
+    layout = attrs.get("weight_layout") or packed.layout
+    return PackedWeights(packed.format, packed.shape, physical_arrays(attrs, packed), layout)
+
+
 def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Flat input/output buffers and launch scalars for Y = X @ W with a lowered kernel.
 
@@ -43,7 +65,7 @@ def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict
     m = xs.shape[0]
     activation = str(kernel.attrs["activation"])
     buffers: dict[str, np.ndarray] = {"x": round_to_activation(xs, activation).ravel()}
-    for name, array in packed.arrays.items():
+    for name, array in physical_arrays(kernel.attrs, packed).items():
         buffers[name] = np.ascontiguousarray(array).ravel()
     out_dtype = np.float16 if activation == "f16" else np.float32
     buffers["y"] = np.full(m * n, POISON, dtype=out_dtype)

@@ -41,7 +41,26 @@ class StripedKParallel:
     kind: Literal["striped"] = "striped"
 
 
-Pipeline = Union[DoubleBuffered, FusedDequant, StripedKParallel]
+@dataclass(frozen=True)
+class WeightStream:
+    """Marlin's idea for small M: weights never touch shared memory. The product is computed
+    transposed (Y^T = W^T X^T) so the weights are the MMA's A operand; the target lays the
+    packed weights out in fragment order at pack time (`lowering/stream_layout.py`), each lane
+    fetches its fragments for several K tiles with one 128-bit load (the next step's load is
+    issued before this step's decode), decodes them in registers two at a time, and takes the
+    activations' B fragments straight from device memory. The `k_warps` warps of a threadgroup
+    split K and add their partial tiles through shared memory at the end.
+
+    Schedule fields: tile_n N rows per threadgroup (warps_n warps side by side, each a
+    multiple of the MMA's M), tile_m M columns (a multiple of the MMA's N), tile_k the dense K
+    of one step (must equal the layout's vector chunk), warps_m 1."""
+
+    k_warps: int = 4
+    depth: int = 1  # steps fetched ahead of the one computing (registers per extra step: ~6)
+    kind: Literal["weight_stream"] = "weight_stream"
+
+
+Pipeline = Union[DoubleBuffered, FusedDequant, StripedKParallel, WeightStream]
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,15 @@ class Schedule:
                 raise ScheduleError(
                     f"schedule {self.name!r}: {tile}={getattr(self, tile)} is not divisible by "
                     f"{warps}={getattr(self, warps)}", self.location)
+        if isinstance(self.pipeline, WeightStream):
+            for attr in ("k_warps", "depth"):
+                value = getattr(self.pipeline, attr)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ScheduleError(f"schedule {self.name!r}: weight_stream {attr} must be a "
+                                        f"positive integer, got {value!r}", self.location)
+            if self.warps_m != 1:
+                raise ScheduleError(f"schedule {self.name!r}: weight_stream splits N and K among "
+                                    f"warps, not M: warps_m must be 1, got {self.warps_m}", self.location)
         if isinstance(self.pipeline, StripedKParallel):
             if self.pipeline.parallel < 1 or self.pipeline.groups < 1:
                 raise ScheduleError(f"schedule {self.name!r}: striped parallel and groups "
@@ -78,7 +106,8 @@ class Schedule:
 
     @property
     def warps(self) -> int:
-        return self.warps_m * self.warps_n
+        k_warps = self.pipeline.k_warps if isinstance(self.pipeline, WeightStream) else 1
+        return self.warps_m * self.warps_n * k_warps
 
     def threads(self, target: Target) -> int:
         return self.warps * target.warp_size
@@ -98,6 +127,9 @@ class Schedule:
     def check(self, fmt: Format, target: Target) -> None:
         """Raise ScheduleError (at the schedule's spec line) if it cannot run."""
         where = self.location
+        if isinstance(self.pipeline, WeightStream):
+            self._check_stream(fmt, target)
+            return
         wm, wn = self.warp_tile
         if wm % target.mma_m or wn % target.mma_n:
             raise ScheduleError(
@@ -111,6 +143,39 @@ class Schedule:
             raise ScheduleError(
                 f"schedule {self.name!r}: tile_k={self.tile_k} is not a multiple of format "
                 f"{fmt.name!r}'s K granule {fmt.k_granule}", where)
+        threads = self.threads(target)
+        if threads > target.max_threads:
+            raise ScheduleError(
+                f"schedule {self.name!r}: {threads} threads per threadgroup exceed "
+                f"{target.name}'s limit of {target.max_threads}", where)
+
+
+    def _check_stream(self, fmt: Format, target: Target) -> None:
+        from .lowering.stream_layout import stream_layout
+
+        where = self.location
+        layout = stream_layout(fmt, target, where)
+        rows_per_warp = self.tile_n // self.warps_n
+        if rows_per_warp % layout.tile_rows:
+            raise ScheduleError(
+                f"schedule {self.name!r}: weight_stream gives each warp tile_n/warps_n = "
+                f"{rows_per_warp} N rows, not a multiple of {target.name}'s MMA M {layout.tile_rows}", where)
+        if self.tile_m % target.mma_n:
+            raise ScheduleError(
+                f"schedule {self.name!r}: weight_stream tile_m={self.tile_m} is not a multiple of "
+                f"{target.name}'s MMA N {target.mma_n}", where)
+        dense_chunk = layout.chunk * (fmt.k_granule // fmt.stored_k(fmt.k_granule))
+        if self.tile_k != dense_chunk:
+            raise ScheduleError(
+                f"schedule {self.name!r}: weight_stream steps K by one vector load per lane, "
+                f"{dense_chunk} positions for format {fmt.name!r} on {target.name}: set "
+                f"tile_k={dense_chunk}, not {self.tile_k}", where)
+        g = fmt.scale.group_size
+        tile_dense = layout.tile_cols * (fmt.k_granule // fmt.stored_k(fmt.k_granule))
+        if g != "K" and int(g) % tile_dense:
+            raise ScheduleError(
+                f"schedule {self.name!r}: weight_stream needs scale groups that cover whole MMA "
+                f"K tiles ({tile_dense}); format {fmt.name!r} has group_size {g}", where)
         threads = self.threads(target)
         if threads > target.max_threads:
             raise ScheduleError(
@@ -144,3 +209,29 @@ def default_schedule(fmt: Format) -> Schedule:
     from math import lcm
 
     return Schedule("auto_fused", tile_k=lcm(32, fmt.k_granule), pipeline=FusedDequant())
+
+
+def stream_schedule(fmt: Format, m: int, target: Target | None = None) -> Schedule:
+    """The weight-stream schedule for M rows of activations (CUDA's small-M kernels): tiles
+    one MMA wide in M (8 or 16 rows) and many warps splitting K, so that enough 128-bit weight
+    loads are in flight; larger M runs several 16-row threadgroups over the same weights
+    (served from L2 after the first)."""
+    from .lowering.stream_layout import stream_layout
+    from .targets import CUDA
+
+    target = target or CUDA
+    layout = stream_layout(fmt, target)
+    tile_k = layout.chunk * fmt.k_granule // fmt.stored_k(fmt.k_granule)
+
+    def make(name: str, tile_m: int, k_warps: int) -> Schedule:
+        return Schedule(name, tile_m=tile_m, tile_n=16, tile_k=tile_k, warps_m=1, warps_n=1,
+                        pipeline=WeightStream(k_warps=k_warps, depth=1))
+
+    # ncu on an H100 (bench/results/gpu/ncu_stream_probe2_h100_2026-11-22.json): 16 warps
+    # splitting K win up to 16 rows (more loads in flight); beyond, 8 warps and 16-row tiles
+    # (more threadgroups) beat wider M tiles.
+    if m <= 8:
+        return make("stream_m8", 8, 16)
+    if m <= 16:
+        return make("stream_m16", 16, 16)
+    return make("stream_m16x", 16, 8)

@@ -392,6 +392,10 @@ inline unsigned short __half_as_ushort(__half v) { return v.x; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 v) { return v.x; }
 inline __half __ushort_as_half(unsigned short x) { return {x}; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short x) { return {x}; }
+struct __half2 { __half x, y; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+inline __half2 __halves2half2(__half a, __half b) { return {a, b}; }
+inline __nv_bfloat162 __halves2bfloat162(__nv_bfloat16 a, __nv_bfloat16 b) { return {a, b}; }
 inline __half __float2half_rn(float f) {
   _Float16 h = (_Float16)f; __half r; std::memcpy(&r.x, &h, 2); return r;
 }
@@ -546,7 +550,8 @@ class _InterpretedCudaKernel:
         out = run_kernel(self.kernel, arrays, scalars)
         self.calls.append({"inputs": self.input_names, "grid": grid, "scalars": scalars,
                            "state": {n: out[n] for n in out if n not in self.output_names}})
-        return [mx.array(out[name]).astype(dtype) for name, dtype in zip(self.output_names, output_dtypes)]
+        return [mx.array(out[name][: int(np.prod(shape))]).astype(dtype).reshape(shape)  # the shape asked for
+                for name, shape, dtype in zip(self.output_names, output_shapes, output_dtypes)]
 
 
 @pytest.mark.parametrize("fmt,pipeline,act", [("int4", "striped", "f16"), ("nf4", "double_buffered", "bf16")])

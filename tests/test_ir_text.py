@@ -103,6 +103,10 @@ def every_op_kernel() -> Kernel:
     acc_end, s_end = b.op("for", [zero, m, four, acc0, zero], [FRAG_C, U32], {"specialise": 4},
                           [loop], hint="acc").results
     b.op("frag_store", [acc_end, zero], attrs={"buffer": "c_s", "ld": 8})
+    # vec, frag_build and the sparse MMA (they read the target's lane tables: attrs target=cuda)
+    fa16 = b.value("frag_build", [b.value("vec", [x0] * 8, VectorType(F16, 8))], FRAG_A, hint="fa")
+    fb32 = b.value("frag_build", [x0] * 8, FragmentType("b", F16, 32, 8), hint="fb")
+    b.value("mma_sp", [fa16, fb32, acc_end, tid], FRAG_C, {"selector": 1}, hint="acc")
 
     # if without results, switch with results and a nested switch.
     with b.region() as then:
@@ -125,7 +129,7 @@ def every_op_kernel() -> Kernel:
         b.yield_(picked, lane2)
     r, h = b.op("switch", [s_end], [U32, F16], {"cases": (0, 1, 7)}, [*cases, default], hint="r").results
     b.store("y", r, h)
-    return _kernel(b, "every_op", attrs={
+    return _kernel(b, "every_op", attrs={"target": "cuda",
         "format": "fp4_g128", "schedule": "db 64", "tile_m": 64, "neg": -3, "ratio": 0.1,
         "inf": float("inf"), "on": True, "off": False, "word": "true", "empty": "",
         "quoted": 'a "b"\n\tc é', "shape": (64, (2, 4), ()), "mixed": (1, 1.0, "x", False),

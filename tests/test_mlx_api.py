@@ -219,7 +219,10 @@ def test_cuda_backend_launches_the_compiled_kernel(monkeypatch: pytest.MonkeyPat
     rng = np.random.default_rng(5)
     packed = md.pack_int4_2of4_weights(rng.standard_normal((128, 24)))
     fmt = packed.format
-    kernel = compile_gemm(Gemm(f"{fmt.name}_f16_auto", fmt, default_schedule(fmt), "f16"), CUDA).kernel
+    # 5 rows: the weight-stream schedule (2:4 values through the sparse MMA, CUDA weight layout)
+    schedule = runtime.cuda_schedule(fmt, 5)
+    assert schedule.pipeline.kind == "weight_stream" and default_schedule(fmt) != schedule
+    kernel = compile_gemm(Gemm(f"{fmt.name}_f16_{schedule.name}", fmt, schedule, "f16"), CUDA).kernel
 
     def fake_cuda_kernel(name, input_names, output_names, source, header, **_):
         def launch(inputs, output_shapes, output_dtypes, grid, threadgroup, init_value=None, verbose=False):
@@ -228,7 +231,7 @@ def test_cuda_backend_launches_the_compiled_kernel(monkeypatch: pytest.MonkeyPat
             for n, shape in zip(output_names, output_shapes):
                 buffers[n] = np.full(shape, np.nan, np.float16)
             out = run_kernel(kernel, buffers, scalars)
-            return [mx.array(out[n]) for n in output_names]
+            return [mx.array(out[n]).reshape(shape) for n, shape in zip(output_names, output_shapes)]
         return launch
 
     monkeypatch.setattr(mx.fast, "cuda_kernel", fake_cuda_kernel)

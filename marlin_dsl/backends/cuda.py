@@ -59,7 +59,9 @@ own zeroed array.
 Printing rules: every SSA value is a local `v_<name>`; f16 -> `__half`, bf16 ->
 `__nv_bfloat16`, u32 -> `uint32_t`...; vectors -> `mdsl::vec<T, n>`; fragments ->
 `mdsl::frag_a<T>` / `mdsl::frag_b<T>` / `mdsl::frag_c` holding the lane's registers of the
-PTX m16n8k16 layout (see codegen/cuda_prelude.cuh). Arithmetic is rounded as docs/IR.md says:
+PTX m16n8k16 layout (see codegen/cuda_prelude.cuh), and `mdsl::frag_b32<T>` for the 32x8 B of
+the 2:4 sparse m16n8k32 (`mma_sp[selector=F]` -> `mdsl::mma_sp<F>(a, b, c, meta)`, inline PTX
+`mma.sp::ordered_metadata`, PTX ISA 8.5+). Arithmetic is rounded as docs/IR.md says:
 f32 and f16 through `__fadd_rn`/`__hadd_rn`-style intrinsics (no contraction into FMA), bf16
 as f32 rounded to bf16 after every op, fma through `__fmaf_rn`/`__hfma`; casts through the
 cuda_fp16/cuda_bf16 `_rn` conversions (float -> int truncates: `_rz`); bitcasts through
@@ -87,7 +89,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir.core import Block, GridDim, Kernel, Op, Value
-from ..ir.types import BF16, BOOL, F16, F32, I32, FragmentType, ScalarType, Type, VectorType
+from ..ir.types import BF16, BOOL, F16, F32, I32, U32, FragmentType, ScalarType, Type, VectorType
 from .c_printer import CPrinter
 from ..targets import CUDA
 
@@ -111,6 +113,9 @@ _SCALAR = {"bool": "bool", "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t"
            "i32": "int32_t", "f16": "__half", "bf16": "__nv_bfloat16", "f32": "float"}
 _INDEX = {"tid": "threadIdx.x", "lane": "(threadIdx.x % 32u)", "warp": "(threadIdx.x / 32u)",
           "group_x": "blockIdx.x", "group_y": "blockIdx.y", "group_z": "blockIdx.z"}
+#: pairs of 16-bit floats are CUDA's native vector types (half2 arithmetic).
+_PAIR = {"f16": "__half2", "bf16": "__nv_bfloat162"}
+_PAIR_OP = {"add": "__hadd2", "sub": "__hsub2", "mul": "__hmul2", "min": "__hmin2", "max": "__hmax2"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _HALF_CMP = {"lt": "__hlt", "le": "__hle", "gt": "__hgt", "ge": "__hge", "eq": "__heq",
              "ne": "__hneu"}  # ordered, except ne (true for NaN, as numpy's != is)
@@ -142,14 +147,20 @@ def cuda_type(t: Type) -> str:
     if isinstance(t, ScalarType):
         return _SCALAR[t.name]
     if isinstance(t, VectorType):
+        if t.size == 2 and t.elem.name in _PAIR:
+            return _PAIR[t.elem.name]
         return f"mdsl::vec<{_SCALAR[t.elem.name]}, {t.size}>"
     if isinstance(t, FragmentType):
         mm, mn, mk = CUDA.mma
         shapes = {"a": (mm, mk), "b": (mk, mn), "c": (mm, mn)}
         ok_elem = t.elem.name in ("f16", "bf16") if t.role != "c" else t.elem == F32
+        if CUDA.sparse_mma is not None and t.role == "b" and ok_elem \
+                and (t.rows, t.cols) == (CUDA.sparse_mma[2], CUDA.sparse_mma[1]):
+            return f"mdsl::frag_b32<{_SCALAR[t.elem.name]}>"  # B of the sparse m16n8k32
         if (t.rows, t.cols) != shapes[t.role] or not ok_elem:
             raise CompileError(f"cuda: fragments are the m16n8k16 operands frag<a, f16|bf16, 16x16>, "
-                               f"frag<b, f16|bf16, 16x8> and frag<c, f32, 16x8>, not {t}")
+                               f"frag<b, f16|bf16, 16x8> and frag<c, f32, 16x8> and the sparse "
+                               f"m16n8k32's frag<b, f16|bf16, 32x8>, not {t}")
         return "mdsl::frag_c" if t.role == "c" else f"mdsl::frag_{t.role}<{_SCALAR[t.elem.name]}>"
     raise CompileError(f"cuda: no spelling for type {t}")
 
@@ -491,6 +502,25 @@ class _Printer(CPrinter):
         elif n in _CMP:
             t = op.operands[0].type
             self.declare(depth, op.result, self.compare(n, self._scalar(t, op), ops[0], ops[1]))
+        elif n in _PAIR_OP and self._is_pair(op.result.type):
+            self.declare(depth, op.result, f"{_PAIR_OP[n]}({ops[0]}, {ops[1]})")
+        elif n == "fma" and self._is_pair(op.result.type):
+            self.declare(depth, op.result, f"__hfma2({ops[0]}, {ops[1]}, {ops[2]})")
+        elif n == "bitcast" and (self._is_pair(op.result.type) or self._is_pair(op.operands[0].type)):
+            pair = op.result.type if self._is_pair(op.result.type) else op.operands[0].type
+            if op.operands[0].type != U32 and op.result.type != U32:
+                raise CompileError(f"cuda: kernel {self.k.name}: bitcast {op.operands[0].type} -> {op.result.type}")
+            fn = "mdsl::bits_to_pair<%s>" % _PAIR[pair.elem.name] if self._is_pair(op.result.type) else "mdsl::pair_bits"
+            self.declare(depth, op.result, f"{fn}({ops[0]})")
+        elif n == "vec":
+            t = op.result.type
+            if self._is_pair(t):
+                make = "__halves2half2" if t.elem == F16 else "__halves2bfloat162"
+                self.declare(depth, op.result, f"{make}({ops[0]}, {ops[1]})")
+            else:
+                self.declare(depth, op.result, f"{cuda_type(t)}{{{{{', '.join(ops)}}}}}")
+        elif n == "frag_build":
+            self.frag_build(op, ops, depth)
         elif n in ("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"):
             t = self._scalar(op.operands[0].type, op)
             self.declare(depth, op.result, self.arith(n, t, ops[0], ops[1]))
@@ -512,6 +542,14 @@ class _Printer(CPrinter):
             if len(ops) > 1:
                 access = f"({ops[1]} ? {access} : {_zero(elem)})"
             self.declare(depth, op.result, access)
+        elif n == "vload" and self.wide_load(op.result.type, str(a["buffer"])):
+            # One 32/64/128-bit access: the IR guarantees index % size == 0.
+            mem, elem, _ = self.memory(str(a["buffer"]))
+            t = cuda_type(op.result.type)
+            access = f"*reinterpret_cast<const {t}*>(&{mem}[{ops[0]}])"
+            if len(ops) > 1:
+                access = f"({ops[1]} ? {access} : mdsl::zero_vec<{t}>())"
+            self.declare(depth, op.result, access)
         elif n == "vload":
             _, elem, _ = self.memory(str(a["buffer"]))
             size = int(a["size"])
@@ -524,7 +562,8 @@ class _Printer(CPrinter):
                     access = f"({ops[1]} ? {access} : {_zero(elem)})"
                 self.emit(depth, f"{name}.v[{i}] = {access};")
         elif n == "extract":
-            self.declare(depth, op.result, f"{ops[0]}.v[{int(a['index'])}]")
+            member = ("x", "y")[int(a["index"])] if self._is_pair(op.operands[0].type) else f"v[{int(a['index'])}]"
+            self.declare(depth, op.result, f"{ops[0]}.{member}")
         elif n == "store":
             mem, _, _ = self.memory(str(a["buffer"]))
             stmt = f"{mem}[{ops[0]}] = {ops[1]};"
@@ -547,7 +586,8 @@ class _Printer(CPrinter):
             assert isinstance(t, FragmentType)
             cuda_type(t)
             transpose = "true" if a.get("transpose") else "false"
-            self.declare(depth, op.result, f"mdsl::load_{t.role}<{int(a['ld'])}, {transpose}>({mem} + {ops[0]})")
+            load = "load_b32" if cuda_type(t).startswith("mdsl::frag_b32") else f"load_{t.role}"
+            self.declare(depth, op.result, f"mdsl::{load}<{int(a['ld'])}, {transpose}>({mem} + {ops[0]})")
         elif n == "frag_store":
             mem, elem, _ = self.memory(str(a["buffer"]))
             cuda_type(op.operands[0].type)
@@ -558,8 +598,47 @@ class _Printer(CPrinter):
             for v in (*op.operands, op.result):
                 cuda_type(v.type)
             self.declare(depth, op.result, f"mdsl::mma({ops[0]}, {ops[1]}, {ops[2]})")
+        elif n == "mma_sp":
+            for v in (*op.operands[:3], op.result):
+                cuda_type(v.type)
+            selector = a["selector"]
+            if isinstance(selector, bool) or selector not in (0, 1):
+                raise CompileError(f"cuda: kernel {self.k.name}: mma_sp selector {selector!r}")
+            self.declare(depth, op.result,
+                         f"mdsl::mma_sp<{int(selector)}>({ops[0]}, {ops[1]}, {ops[2]}, {ops[3]})")
         else:
             raise CompileError(f"cuda: kernel {self.k.name}: no CUDA for op {n}")
+
+    @staticmethod
+    def _is_pair(t: Type) -> bool:
+        return isinstance(t, VectorType) and t.size == 2 and t.elem.name in _PAIR
+
+    def wide_load(self, t: Type, buffer: str) -> bool:
+        """A vload printed as one vector access: 4, 8 or 16 bytes, not through __ldcg."""
+        _, elem, kind = self.memory(buffer)
+        assert isinstance(t, VectorType)
+        return kind != "readwrite" and elem.bits * t.size in (32, 64, 128) and elem.bits >= 16
+
+    def frag_build(self, op: Op, ops: list[str], depth: int) -> None:
+        """Registers of 32 bits from the lane's elements, two 16-bit elements each (low first)."""
+        t = op.result.type
+        assert isinstance(t, FragmentType)
+        elems: list[tuple[str, str]] = []  # (expression, "pair" | "scalar")
+        for v, ref in zip(op.operands, ops):
+            if self._is_pair(v.type):
+                elems += [(ref, "pair"), ("", "pair-high")]
+            elif isinstance(v.type, VectorType):
+                elems += [(f"{ref}.v[{i}]", "scalar") for i in range(v.type.size)]
+            else:
+                elems.append((ref, "scalar"))
+        name = self.define(op.result)
+        self.emit(depth, f"{cuda_type(t)} {name};")
+        for r in range(len(elems) // 2):
+            (lo, lo_kind), (hi, hi_kind) = elems[2 * r], elems[2 * r + 1]
+            word = f"mdsl::pair_bits({lo})" if lo_kind == "pair" else f"mdsl::pack2({lo}, {hi})"
+            if lo_kind == "pair-high" or hi_kind == "pair":  # a pair split across two registers
+                raise CompileError(f"cuda: kernel {self.k.name}: frag_build pairs must start on a register")
+            self.emit(depth, f"{name}.x[{r}] = {word};")
 
     def _scalar(self, t: Type, op: Op) -> ScalarType:
         if not isinstance(t, ScalarType):
@@ -623,7 +702,7 @@ class _Printer(CPrinter):
         elems = {b.name: b.elem.name for b in k.buffers}
         elems[DIMS_NAME] = "u32"
         attrs = {key: k.attrs[key] for key in ("target", "format", "schedule", "pipeline", "activation",
-                                               "tile", "warps", "mma", "parallel") if key in k.attrs}
+                                               "tile", "warps", "mma", "parallel", "k_warps", "weight_layout") if key in k.attrs}
         return CudaSource(
             name=k.name, prelude=prelude(), declarations=self.declarations(), body=body,
             input_names=inputs, output_names=outputs, elems=elems, threads=k.threads,

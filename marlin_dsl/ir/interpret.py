@@ -28,7 +28,8 @@ are computed by numpy in that type (numpy's f16 ops go through f32, which is exa
 nearest even on the bits) after every op. `fma` is rounded once: the product is exact in
 float64, the sum is computed with TwoSum and rounded to odd, which makes the final rounding
 to f32/f16/bf16 correct. `mma` computes a @ b in float64, adds c in float64 and rounds once
-to c's element type (exact for the products, the float64 sum of the k products may round).
+to c's element type (exact for the products, the float64 sum of the k products may round);
+`mma_sp` does the same with the dense A rebuilt from the compressed one and the metadata.
 float `min`/`max` are IEEE minNum/maxNum (`fmin`/`fmax`: a NaN operand loses), like Metal
 and CUDA. float->int casts truncate toward zero; NaN or out of range is an error.
 int->int casts wrap. `i32` div/rem with a negative operand raises: the spec says floor
@@ -67,7 +68,8 @@ class InterpreterError(MarlinDSLError):
     """An execution-model rule was broken at run time.
 
     `kind` is one of: bounds, uninitialised, race, shift, division, cast, divergent_barrier,
-    collective, misaligned, access, loop, input, unsupported. `op` is the offending op,
+    collective, misaligned, access, loop, input, unsupported, metadata (sparse MMA metadata
+    the hardware leaves undefined). `op` is the offending op,
     `result` the name of its first result (or None), `group` the (x, y, z) threadgroup,
     `thread` the thread index in its group (None for warp-level problems), `warp` its warp and
     `index` the memory index or offending operand value where there is one."""
@@ -694,9 +696,10 @@ def _h_fma(m: _Machine, op: Op) -> Fn:
     r = m.slot(op.result)
     regs = m.regs
     t = op.result.type
+    elem = t.elem if isinstance(t, VectorType) else t
 
     def run(mask: _Mask) -> None:
-        regs[r] = _round_f64(_fma_odd64(regs[a], regs[b], regs[c]), t)  # type: ignore[arg-type]
+        regs[r] = _round_f64(_fma_odd64(regs[a], regs[b], regs[c]), elem)  # type: ignore[arg-type]
     return run
 
 
@@ -744,8 +747,30 @@ def _h_bitcast(m: _Machine, op: Op) -> Fn:
     regs = m.regs
     src, dst = op.operands[0].type, op.result.type
 
+    if isinstance(dst, VectorType):  # u32 -> vec<f16|bf16, 2>: element 0 is the low half
+        def run_split(mask: _Mask) -> None:
+            w = regs[x]
+            halves = np.stack([w & _U32(0xFFFF), w >> _U32(16)], axis=-1).astype(np.uint16)
+            regs[r] = _bitcast(halves, ScalarType("u16"), dst.elem)
+        return run_split
+    if isinstance(src, VectorType):  # vec<f16|bf16, 2> -> u32
+        def run_join(mask: _Mask) -> None:
+            bits = _bitcast(regs[x], src.elem, ScalarType("u16")).astype(np.uint32)
+            regs[r] = bits[..., 0] | (bits[..., 1] << _U32(16))
+        return run_join
+
     def run(mask: _Mask) -> None:
         regs[r] = _bitcast(regs[x], src, dst)  # type: ignore[arg-type]
+    return run
+
+
+def _h_vec(m: _Machine, op: Op) -> Fn:
+    xs = [m.slot(v) for v in op.operands]
+    r = m.slot(op.result)
+    regs = m.regs
+
+    def run(mask: _Mask) -> None:
+        regs[r] = np.stack([regs[x] for x in xs], axis=-1)
     return run
 
 
@@ -1139,6 +1164,33 @@ def _h_frag_load(m: _Machine, op: Op) -> Fn:
     return run
 
 
+def _h_frag_build(m: _Machine, op: Op) -> Fn:
+    """Scatter every lane's elements into the warp's tile through the target's lane layout."""
+    from ..targets import TARGETS
+
+    t = op.result.type
+    assert isinstance(t, FragmentType)
+    rows, cols = TARGETS[str(m.kernel.attrs["target"])].lane_elements(t.role, t.rows, t.cols)  # type: ignore[misc]
+    if rows.shape[0] != m.ws:
+        raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: the lane layout is for "
+                               f"{rows.shape[0]} lanes, warps have {m.ws}", kind="unsupported", op=op)
+    xs = [(m.slot(v), isinstance(v.type, VectorType)) for v in op.operands]
+    r = m.slot(op.result)
+    regs = m.regs
+    G, W, ws = m.G, m.W, m.ws
+    lanes = np.broadcast_to(np.arange(ws)[:, None], rows.shape)
+    zero = _zeros(_shape(m, t), t)
+
+    def run(mask: _Mask) -> None:
+        warps = _warps(m, op, mask)
+        parts = [regs[x] if is_vec else regs[x][..., None] for x, is_vec in xs]
+        elems = np.concatenate(parts, axis=-1).reshape(G, W, ws, -1)
+        out = zero.copy()
+        out[:, :, rows, cols] = elems[:, :, lanes, np.arange(rows.shape[1])[None, :]]
+        regs[r] = out if mask.full else np.where(warps[:, :, None, None], out, regs[r] if regs[r] is not None else zero)
+    return run
+
+
 def _h_frag_store(m: _Machine, op: Op) -> Fn:
     name = str(op.attrs["buffer"])
     _access_error(m, op, name, True)
@@ -1195,6 +1247,56 @@ def _h_mma(m: _Machine, op: Op) -> Fn:
         else:
             acc = np.matmul(x.astype(np.int64), y.astype(np.int64)) + z.astype(np.int64)
             regs[r] = acc.astype(t.elem.holding_dtype)
+    return run
+
+
+def _h_mma_sp(m: _Machine, op: Op) -> Fn:
+    """c + A @ b with A (rows x 2*cols) rebuilt per warp from the compressed a and the metadata
+    words of the lanes that the target's table names for the selector."""
+    from ..targets import TARGETS
+
+    a, b, c, e = (m.slot(v) for v in op.operands)
+    r = m.slot(op.result)
+    regs = m.regs
+    t = op.result.type
+    ta = op.operands[0].type
+    assert isinstance(t, FragmentType) and isinstance(ta, FragmentType)
+    selector = int(op.attrs["selector"])  # type: ignore[arg-type]
+    fields = TARGETS[str(m.kernel.attrs["target"])].sparse_metadata(selector)
+    assert fields is not None  # the verifier checked the target's sparse MMA
+    lanes, bits, rows, groups, slots = fields
+    if int(lanes.max()) >= m.ws:
+        raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: the metadata layout is for "
+                               f"32 lanes, warps have {m.ws}", kind="unsupported", op=op)
+    G, W, ws = m.G, m.W, m.ws
+    nrows, ngroups = ta.rows, ta.cols // 2
+    shifts = bits.astype(np.uint32)
+    # which lane holds the fields of (row, group), for messages
+    lane_of = np.zeros((nrows, ngroups), np.int64)
+    lane_of[rows, groups] = lanes
+
+    def run(mask: _Mask) -> None:
+        warps = _warps(m, op, mask)
+        words = regs[e].reshape(G, W, ws)
+        idx = (words[:, :, lanes] >> shifts) & _U32(3)  # [G, W, fields]
+        pos = np.zeros((G, W, nrows, ngroups, 2), np.int64)
+        pos[:, :, rows, groups, slots] = idx
+        unordered = (pos[..., 0] >= pos[..., 1]) & warps[:, :, None, None]
+        if unordered.any():
+            g, w, row, grp = (int(v) for v in np.argwhere(unordered)[0])
+            lane = int(lane_of[row, grp])
+            word = int(words[g, w, lane])
+            m.fail("metadata", op, f"sparse metadata not ordered: row {row} group {grp} (logical "
+                   f"columns {4 * grp}..{4 * grp + 3}) keeps indices {pos[g, w, row, grp].tolist()}, "
+                   f"which must be distinct and increasing (undefined on the hardware); read from "
+                   f"lane {lane}'s word {word:#010x} with selector {selector}",
+                   g, w * ws + lane, index=word)
+        x = regs[a].astype(np.float64).reshape(G, W, nrows, ngroups, 2)
+        dense = np.zeros((G, W, nrows, ngroups, 4), np.float64)
+        np.put_along_axis(dense, pos, x, axis=-1)  # inactive warps: don't-care values
+        dense = dense.reshape(G, W, nrows, 4 * ngroups)
+        acc = np.matmul(dense, regs[b].astype(np.float64)) + regs[c].astype(np.float64)
+        regs[r] = _round_f64(acc, t.elem)
     return run
 
 
@@ -1318,6 +1420,6 @@ _HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
     "fma": _h_fma, "select": _h_select, "cast": _h_cast, "bitcast": _h_bitcast,
     "load": _h_load, "vload": _h_load, "extract": _h_extract, "store": _h_store,
     "atomic_add": _h_atomic_add, "table": _h_table, "barrier": _h_barrier, "fence": _h_fence,
-    "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_store": _h_frag_store,
-    "mma": _h_mma, "for": _h_for, "if": _h_if, "switch": _h_switch,
+    "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_build": _h_frag_build, "vec": _h_vec, "frag_store": _h_frag_store,
+    "mma": _h_mma, "mma_sp": _h_mma_sp, "for": _h_for, "if": _h_if, "switch": _h_switch,
 }

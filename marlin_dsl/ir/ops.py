@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .core import BufferParam, Kernel, Op, SharedArray
-from .types import BOOL, U8, U16, U32, FragmentType, ScalarType, Type, VectorType
+from .types import BF16, BOOL, F16, F32, U8, U16, U32, FragmentType, ScalarType, Type, VectorType
 
 TypeRule = Callable[[Op, Kernel], str | None]  # returns an error message or None
 
@@ -54,8 +54,10 @@ def _int_same(op: Op, k: Kernel) -> str | None:
 
 
 def _float_same(op: Op, k: Kernel) -> str | None:
-    if not (isinstance(op.operands[0].type, ScalarType) and op.operands[0].type.is_float):
-        return f"needs float operands, got {op.operands[0].type}"
+    t = op.operands[0].type
+    elem = t.elem if isinstance(t, VectorType) else t
+    if not (isinstance(elem, ScalarType) and elem.is_float):
+        return f"needs float operands (scalars or vectors), got {t}"
     return _same(op, k)
 
 
@@ -76,8 +78,23 @@ def _scalar_result(op: Op, _: Kernel) -> str | None:
     return None if isinstance(op.result.type, ScalarType) else "result must be a scalar"
 
 
+def _width(t: Type) -> int | None:
+    if isinstance(t, ScalarType):
+        return t.bits
+    if isinstance(t, VectorType):
+        return t.elem.bits * t.size
+    return None
+
+
 def _convert(op: Op, _: Kernel) -> str | None:
     src, dst = op.operands[0].type, op.result.type
+    if op.name == "bitcast" and U32 in (src, dst) and VectorType in (type(src), type(dst)):
+        # A 32-bit word reinterpreted as a pair of 16-bit floats (element 0 in the low half).
+        if str(dst) != op.attrs.get("to"):
+            return f"result type {dst} does not match to={op.attrs.get('to')}"
+        vec = src if isinstance(src, VectorType) else dst
+        ok = isinstance(vec, VectorType) and vec.elem.name in ("f16", "bf16") and _width(vec) == 32
+        return None if ok else f"bitcast between u32 and {vec}: only vec<f16|bf16, 2> is 32 bits"
     if not (isinstance(src, ScalarType) and isinstance(dst, ScalarType)):
         return "cast/bitcast take and give scalars"
     if str(dst) != op.attrs.get("to"):
@@ -127,6 +144,40 @@ def _extract(op: Op, _: Kernel) -> str | None:
     if not 0 <= int(op.attrs["index"]) < t.size:
         return f"index {op.attrs['index']} outside vec of {t.size}"
     return None if op.result.type == t.elem else f"extract from {t} gives {t.elem}"
+
+
+def _vec(op: Op, _: Kernel) -> str | None:
+    t = op.result.type
+    elem = op.operands[0].type
+    if not isinstance(elem, ScalarType) or any(v.type != elem for v in op.operands):
+        return "vec takes scalars of one type"
+    if t != VectorType(elem, len(op.operands)):
+        return f"vec of {len(op.operands)} x {elem} gives vec<{elem}, {len(op.operands)}>, not {t}"
+    return None
+
+
+def _frag_build(op: Op, kernel: Kernel) -> str | None:
+    from ..targets import TARGETS
+
+    t = op.result.type
+    if not isinstance(t, FragmentType) or t.role not in ("a", "b"):
+        return "frag_build gives an a or b fragment"
+    target = TARGETS.get(str(kernel.attrs.get("target")))
+    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
+    if layout is None:
+        return (f"frag_build needs the lane layout of {t} on the kernel's target "
+                f"{kernel.attrs.get('target')!r}, which declares none")
+    count = 0
+    for v in op.operands:
+        vt = v.type
+        if vt == t.elem:
+            count += 1
+        elif isinstance(vt, VectorType) and vt.elem == t.elem:
+            count += vt.size
+        else:
+            return f"frag_build of {t} takes {t.elem} scalars or vectors, got {vt}"
+    per_lane = layout[0].shape[1]
+    return None if count == per_lane else f"a lane holds {per_lane} elements of {t}, got {count}"
 
 
 def _table(op: Op, kernel: Kernel) -> str | None:
@@ -214,6 +265,34 @@ def _mma(op: Op, _: Kernel) -> str | None:
     return None if op.result.type == c else "mma result must have the accumulator's type"
 
 
+def _mma_sp(op: Op, kernel: Kernel) -> str | None:
+    from ..targets import TARGETS
+
+    a, b, c, meta = (v.type for v in op.operands)
+    if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):
+        return "mma_sp takes (a, b, c) fragments and a u32 metadata word"
+    if (a.role, b.role, c.role) != ("a", "b", "c"):
+        return "mma_sp operands are (a, b, c) fragments and a u32 metadata word"
+    if meta != U32:
+        return f"mma_sp metadata must be u32 (each lane's own word), got {meta}"
+    if b.rows != 2 * a.cols or a.rows != c.rows or b.cols != c.cols:
+        return f"mma_sp shapes do not chain: compressed {a} (k = 2 x {a.cols}) x {b} + {c}"
+    if a.elem != b.elem:
+        return f"mma_sp a and b must share one element type, got {a} and {b}"
+    if a.elem not in (F16, BF16) or c.elem != F32:
+        return f"mma_sp takes f16 or bf16 a and b with an f32 accumulator, got {a}, {b}, {c}"
+    selector = op.attrs.get("selector")
+    if isinstance(selector, bool) or selector not in (0, 1):
+        return f"mma_sp selector must be 0 or 1, got {selector!r}"
+    target = TARGETS.get(str(kernel.attrs.get("target")))
+    shape = (a.rows, b.cols, b.rows)
+    if target is None or target.sparse_mma != shape:
+        have = target.sparse_mma if target is not None else None
+        return (f"mma_sp of shape m{shape[0]}n{shape[1]}k{shape[2]} needs a target with that sparse "
+                f"MMA; the kernel's target {kernel.attrs.get('target')!r} has {have}")
+    return None if op.result.type == c else "mma_sp result must have the accumulator's type"
+
+
 def _for(op: Op, _: Kernel) -> str | None:
     if any(v.type != U32 for v in op.operands[:3]):
         return "for bounds and step must be u32"
@@ -282,6 +361,7 @@ _define(
     OpDef("vload", (1, 2), ("buffer", "size"), results=(1, 1), reads_memory=True, rule=_memory,
           doc="size consecutive elements from buffer[index], index a multiple of size"),
     OpDef("extract", (1, 1), ("index",), results=(1, 1), rule=_extract),
+    OpDef("vec", (2, None), results=(1, 1), rule=_vec, doc="a short vector of the operands, in order"),
     OpDef("store", (2, 3), ("buffer",), writes_memory=True, rule=_memory,
           doc="buffer[index] = value, skipped where the predicate is false"),
     OpDef("atomic_add", (2, 2), ("buffer",), results=(1, 1), writes_memory=True,
@@ -294,9 +374,16 @@ _define(
     OpDef("frag_load", (1, 1), ("buffer", "ld"), ("transpose",), results=(1, 1),
           reads_memory=True, collective=True, rule=_frag_load,
           doc="a warp loads a rows x cols tile at offset with leading dimension ld"),
+    OpDef("frag_build", (1, None), results=(1, 1), collective=True, rule=_frag_build,
+          doc="a fragment from each lane's own elements (scalars or vectors, concatenated) in "
+              "the order the target's lane layout gives them (Target.lane_elements)"),
     OpDef("frag_store", (2, 2), ("buffer", "ld"), writes_memory=True, collective=True,
           rule=_frag_store),
     OpDef("mma", (3, 3), results=(1, 1), collective=True, rule=_mma, doc="c + a @ b"),
+    OpDef("mma_sp", (4, 4), ("selector",), results=(1, 1), collective=True, rule=_mma_sp,
+          doc="c + decompress(a, meta) @ b: 2:4 sparse a, compressed to half its columns; meta is "
+              "each lane's u32 metadata word, read at the lanes and bits the target's table "
+              "(Target.sparse_metadata(selector)) names"),
     OpDef("for", (3, None), optional_attrs=("specialise",), regions=1, results=(0, None), rule=_for,
           doc="for index = lb; index < ub; index += step, carrying values through yield"),
     OpDef("if", (1, 1), regions=2, results=(0, None), rule=_if),

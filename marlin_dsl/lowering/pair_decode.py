@@ -1,0 +1,73 @@
+"""Decode two codes at once: a u32 whose two 16-bit halves each hold one code in their low bits
+(the weight-stream layout puts fragment pairs there) becomes a vec<act, 2>.
+
+When the whole dequantisation is exact in f16 (f16 activations; float or integer codes; no
+f16 zero points: `decode.compute_type`), it runs as vector (half2) arithmetic on both halves:
+
+- float codes: mask the magnitude and sign fields of both halves, shift them under f16's
+  exponent and mantissa, reinterpret as half2 and rescale by 2**(15 - bias) (exact);
+- integer codes: OR in 0x6400 (f16 1024.0) in both halves, reinterpret, subtract 1024 + offset.
+
+Otherwise each half goes through the scalar `UnitDecoder` path and the pair is packed. Both
+paths read only the format's fields.
+"""
+from __future__ import annotations
+
+from ..formats import FloatEncoding, Format, IntEncoding
+from ..ir import F16, U32, Builder, ScalarType, Value, VectorType
+from .decode import _FLOAT_LAYOUT, UnitDecoder
+
+_BOTH_HALVES = 0x00010001  # a mask for the low half, repeated in the high half
+
+
+class PairDecoder:
+    def __init__(self, b: Builder, fmt: Format, activation: ScalarType) -> None:
+        self.b, self.fmt, self.act = b, fmt, activation
+        self.scalar = UnitDecoder(b, fmt, activation)
+        self.bits = fmt.element.bits
+        enc = fmt.element
+        self.vector = self.scalar.ctype == F16 == activation and (
+            (isinstance(enc, FloatEncoding) and enc.exp_bits <= 5 and enc.man_bits <= 10)
+            or (isinstance(enc, IntEncoding) and enc.bits <= 10))
+        self.pair_type = VectorType(activation, 2)
+
+    def splat(self, x: Value) -> Value:
+        return self.b.value("vec", [x, x], VectorType(x.type, 2), hint="v2")  # type: ignore[arg-type]
+
+    def dequant(self, word: Value, shift: int, scale: Value, zero: Value | None) -> Value:
+        """(code - zero) * scale for the codes at bit `shift` of each half of `word`."""
+        b = self.b
+        v = b.binary("shr", word, shift, hint="pw") if shift else word
+        if not self.vector:
+            mask = (1 << self.bits) - 1
+            lo = b.binary("and", v, mask, hint="code")
+            hi = b.binary("and", b.binary("shr", v, 16, hint="pw"), mask, hint="code")
+            values = [self.scalar.dequant(c, scale, zero) for c in (lo, hi)]
+            return b.value("vec", values, self.pair_type, hint="w2")
+        t = self._decode_pair(v)
+        if zero is not None:
+            t = b.binary("sub", t, self.splat(zero), hint="t2")
+        return b.binary("mul", t, self.splat(scale), hint="w2")
+
+    def _decode_pair(self, v: Value) -> Value:
+        b, enc = self.b, self.fmt.element
+        if isinstance(enc, IntEncoding):
+            codes = b.binary("and", v, ((1 << enc.bits) - 1) * _BOTH_HALVES, hint="code")
+            magic = b.bitcast(b.binary("or", codes, 0x6400 * _BOTH_HALVES, hint="mag"), self.pair_type, hint="mag")
+            return b.binary("sub", magic, self.splat(b.const(1024.0 + enc.offset, F16)), hint="t2")
+        assert isinstance(enc, FloatEncoding)
+        t_bias, t_man, _ = _FLOAT_LAYOUT["f16"]
+        magnitude_bits = enc.exp_bits + enc.man_bits
+        bits = b.binary("and", v, ((1 << magnitude_bits) - 1) * _BOTH_HALVES, hint="mag")
+        if t_man != enc.man_bits:
+            bits = b.binary("shl", bits, t_man - enc.man_bits, hint="mag")
+        if enc.signed:
+            sign = b.binary("and", v, (1 << magnitude_bits) * _BOTH_HALVES, hint="sgn")
+            sign = b.binary("shl", sign, 15 - magnitude_bits, hint="sgn")
+            bits = b.binary("or", bits, sign, hint="mag")
+        raw = b.bitcast(bits, self.pair_type, hint="raw")
+        factor = 2.0 ** (t_bias - enc.bias)
+        return raw if factor == 1.0 else b.binary("mul", raw, self.splat(b.const(factor, F16)), hint="t2")
+
+
+__all__ = ["PairDecoder", "U32"]

@@ -1,0 +1,227 @@
+"""The physical weight layout of the weight-stream pipeline: codes in MMA-fragment order.
+
+The weight-stream kernel computes Y^T = W^T X^T with the weights as the MMA's A operand
+(tile_rows N rows x tile_cols stored-K columns per instruction). Each lane must find *its own*
+fragment elements, for several consecutive K tiles, in one 128-bit load. The layout is derived
+from two pieces of data only: the target's lane table for the A operand
+(`Target.lane_elements`) and the format's code width, so a new format or target needs no edit.
+
+Order of the u32 words (all dimensions padded with code 0; the kernel masks the padding out
+through its activation loads and output stores):
+
+    qweight[n_tile][k_vector][lane][word]       word in 0 .. VECTOR_WORDS-1
+
+where a *k_vector* covers `tiles` consecutive K tiles (the number whose codes fill exactly
+VECTOR_WORDS words for one lane). Inside a lane's words, the lane's elements (tile-major,
+then the lane table's element order) are taken in pairs: pair j sits at bit offset
+(j % per_half) * bits of word j // per_half, its first element in the low 16-bit half and its
+second in the high half. So one mask and one shift expose a pair as two 16-bit lanes, which
+the decoder turns into a half2 with two or three vector instructions (the same trick as
+Marlin's interleaved INT4 layout; here derived rather than hard-coded).
+
+2:4 formats on a target with a sparse MMA (`Target.sparse_mma`, CUDA's mma.sp m16n8k32): the
+values stream exactly as above over the *stored* K axis (a 16 x 16 compressed A tile covers
+32 dense K; compressed columns 2j, 2j+1 are the two kept values of group j, lower position
+first, which is the format's own stored order), and the metadata becomes
+
+    meta[n_tile][k_vector][lane][tiles / 2]
+
+one u32 per lane for each pair of consecutive K tiles: tile 2i is read with sparsity selector
+0 and tile 2i+1 with selector 1, which read disjoint lanes (`Target.sparse_metadata`), so the
+two tiles share one register. Padding groups get positions (0, 1), a valid ordered pair.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ScheduleError
+from ..formats import Format, NMSparsity
+from ..formats.bitstream import unpack_bits
+from ..formats.tensors import PackedWeights
+from ..targets import Target
+
+#: Words each lane loads at once (one 128-bit vector load).
+VECTOR_WORDS = 4
+#: The attribute value lowered kernels carry in `attrs["weight_layout"]`.
+LAYOUT_NAME = "lane_stream"
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    bits: int  # code width
+    tile_rows: int  # N rows of one A tile
+    tile_cols: int  # stored-K columns of one A tile
+    rows: np.ndarray  # [lanes, per_lane] tile row of each lane element
+    cols: np.ndarray  # [lanes, per_lane] tile column of each lane element
+    sparse_target: Target | None = None  # set for 2:4 values fed to the target's sparse MMA
+    #: k_perm[j]: the original K offset (within a vector chunk) of MMA K position j = 16 s + c
+    #: (tile s, column c); None: the identity. See `activation_run`.
+    k_perm: np.ndarray | None = None
+    x_run: int = 0  # activations one lane reads contiguously per chunk (with k_perm)
+
+    @property
+    def lanes(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def per_lane(self) -> int:
+        return int(self.rows.shape[1])
+
+    @property
+    def per_half(self) -> int:
+        """Pairs side by side in one word (each pair: one code in each 16-bit half)."""
+        return 16 // self.bits
+
+    @property
+    def tiles(self) -> int:
+        """K tiles whose codes one lane loads in one vector."""
+        return VECTOR_WORDS * 32 // (self.per_lane * self.bits)
+
+    @property
+    def chunk(self) -> int:
+        """Stored-K columns one vector load covers."""
+        return self.tiles * self.tile_cols
+
+    def pair_slot(self, pair: int) -> tuple[int, int]:
+        """(word, bit offset of the low-half element) of a lane's pair `pair`."""
+        word, slot = divmod(pair, self.per_half)
+        return word, slot * self.bits
+
+    def words(self, stored_k: int, n: int) -> int:
+        return -(-n // self.tile_rows) * -(-stored_k // self.chunk) * self.lanes * VECTOR_WORDS
+
+    @property
+    def sparse(self) -> bool:
+        return self.sparse_target is not None
+
+    @property
+    def meta_words(self) -> int:
+        """Metadata words per lane per vector (sparse layouts): one per pair of tiles."""
+        return self.tiles // 2
+
+    def pack_metadata(self, positions: np.ndarray) -> np.ndarray:
+        """[dense K / 4, 2, N] kept positions (increasing) -> flat u32 meta words."""
+        assert self.sparse_target is not None
+        blocks, _, n = positions.shape
+        groups_per_tile = self.tile_cols // 2
+        nt = -(-n // self.tile_rows)
+        kv = -(-blocks // (groups_per_tile * self.tiles))
+        padded = np.zeros((kv * self.tiles * groups_per_tile, 2, nt * self.tile_rows), np.uint32)
+        padded[:, 1] = 1  # padding: the ordered pair (0, 1)
+        padded[:blocks, :, :n] = positions
+        # [kv, tiles, groups, slot, nt, rows] -> [nt, kv, tiles, rows, groups, slot]
+        tiled = padded.reshape(kv, self.tiles, groups_per_tile, 2, nt, self.tile_rows).transpose(4, 0, 1, 5, 2, 3)
+        words = np.zeros((nt, kv, self.lanes, self.meta_words), np.uint32)
+        for tile in range(self.tiles):
+            f = self.sparse_target.sparse_metadata(tile % 2)
+            fields = tiled[:, :, tile, f.rows, f.groups, f.slots]  # [nt, kv, fields]
+            shifted = fields << np.asarray(f.bit_offsets, np.uint32)
+            _or_into_lanes(words[..., tile // 2], f.lanes, shifted)
+        return words.reshape(-1)
+
+    def pack(self, codes: np.ndarray) -> np.ndarray:
+        """[stored K, N] codes -> flat u32 words in the order above (vectorised)."""
+        ks, n = codes.shape
+        nt, kv = -(-n // self.tile_rows), -(-ks // self.chunk)
+        padded = np.zeros((kv * self.chunk, nt * self.tile_rows), np.uint8 if self.bits <= 8 else np.uint16)
+        padded[:ks, :n] = codes
+        if self.k_perm is not None:  # MMA position j of every chunk holds original offset k_perm[j]
+            padded = padded.reshape(kv, self.chunk, -1)[:, self.k_perm].reshape(kv * self.chunk, -1)
+        # [kv, tiles, cols, nt, rows] -> [nt, kv, tiles, rows, cols]: one A tile = W^T block.
+        tiles = padded.reshape(kv, self.tiles, self.tile_cols, nt, self.tile_rows).transpose(3, 0, 1, 4, 2)
+        lane_elems = tiles[:, :, :, self.rows, self.cols]  # [nt, kv, tiles, lanes, per_lane]
+        stream = lane_elems.transpose(0, 1, 3, 2, 4).reshape(nt, kv, self.lanes, -1, 2)
+        pairs = stream.shape[3]
+        words = np.zeros((nt, kv, self.lanes, VECTOR_WORDS), np.uint32)
+        for j in range(pairs):  # a handful of pairs per lane; each step covers the whole matrix
+            word, shift = self.pair_slot(j)
+            lo, hi = (stream[..., j, i].astype(np.uint32) for i in (0, 1))
+            words[..., word] |= (lo << np.uint32(shift)) | (hi << np.uint32(16 + shift))
+        return words.reshape(-1)
+
+
+def _or_into_lanes(words: np.ndarray, lanes: np.ndarray, fields: np.ndarray) -> None:
+    """words[..., lane] |= OR of fields[..., i] over the fields i of that lane (vectorised:
+    a lane's fields are disjoint bit ranges, so their sum is their OR)."""
+    lanes = np.asarray(lanes)
+    for lane in np.unique(lanes):  # at most 32 lanes, each step over the whole matrix
+        words[..., lane] |= fields[..., lanes == lane].sum(axis=-1, dtype=np.uint64).astype(np.uint32)
+
+
+def activation_permutation(b_k: np.ndarray, tiles: int, tile_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Marlin's K shuffle, derived from the B lane table b_k[lane, e] (MMA K row of each of a
+    lane's B elements): the product sums over K, so K may be visited in any order that the
+    weights and activations share. Lanes with the same set of K rows form a class q; give
+    class q the original offsets [q * tiles * E, (q + 1) * tiles * E) of a chunk, tile by tile
+    and element by element. Then each lane reads its activations for a whole chunk as one
+    contiguous run (wide loads) instead of 2-element pairs per tile.
+
+    Returns (k_perm[chunk], lane_offset[lane]): the original offset of each MMA K position,
+    and where each lane's run starts."""
+    lanes, per_lane = b_k.shape
+    classes = sorted({tuple(sorted(row)) for row in b_k.tolist()})
+    q = np.array([classes.index(tuple(sorted(row))) for row in b_k.tolist()])
+    run = tiles * per_lane
+    k_perm = np.full(tiles * tile_k, -1)
+    for s in range(tiles):
+        k_perm[s * tile_k + b_k] = q[:, None] * run + s * per_lane + np.arange(per_lane)[None, :]
+    assert (np.sort(k_perm) == np.arange(tiles * tile_k)).all(), "B lane table is not a partition"
+    return k_perm, q * run
+
+
+def _sparse_mma_ok(sp: NMSparsity, target: Target) -> bool:
+    return target.sparse_mma is not None and (sp.n, sp.m, sp.chunk) == (2, 4, 1)
+
+
+def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
+    """The layout for `fmt` on `target`, or a ScheduleError saying why there is none."""
+    bits = fmt.element.bits
+    sp = fmt.sparsity
+    if sp is not None and not isinstance(sp, NMSparsity):
+        raise ScheduleError(f"format {fmt.name!r}: the weight-stream pipeline streams dense or "
+                            f"N:M values, not {sp.describe()}; use fused_dequant", where)
+    if isinstance(sp, NMSparsity) and not _sparse_mma_ok(sp, target):
+        raise ScheduleError(f"format {fmt.name!r}: the weight-stream pipeline feeds N:M values to "
+                            f"a sparse MMA, which {target.name} has only for 2:4 of single values, "
+                            f"not {sp.describe()}; use fused_dequant", where)
+    mm, _, mk = target.mma
+    table = target.lane_elements("a", mm, mk)
+    if table is None:
+        raise ScheduleError(f"the weight-stream pipeline needs the lane layout of {target.name}'s "
+                            "MMA A operand, which the target does not declare", where)
+    rows, cols = table
+    if 16 % bits or rows.shape[1] % 2:
+        raise ScheduleError(f"format {fmt.name!r}: the weight-stream layout pairs codes in 16-bit "
+                            f"halves; a {bits}-bit code width does not divide 16", where)
+    sparse_target = target if isinstance(sp, NMSparsity) else None
+    if sparse_target is not None:
+        mm, _, sparse_k = target.sparse_mma  # type: ignore[misc]
+        mk = sparse_k // 2  # compressed columns of A
+    layout = StreamLayout(bits, mm, mk, rows, cols, sparse_target)
+    g = fmt.scale.group_size
+    b_table = target.lane_elements("b", mk, target.mma_n)
+    # The K shuffle mixes K positions across a chunk: only where scale groups hold whole chunks,
+    # and not for 2:4 (its groups of 4 must stay groups of 4 for the sparse MMA).
+    if sparse_target is None and b_table is not None and (g == "K" or int(g) % layout.chunk == 0):
+        k_perm, _ = activation_permutation(b_table[0], layout.tiles, mk)
+        layout = StreamLayout(bits, mm, mk, rows, cols, None, k_perm, layout.tiles * b_table[0].shape[1])
+    if (VECTOR_WORDS * 32) % (layout.per_lane * bits):
+        raise ScheduleError(f"format {fmt.name!r}: {bits}-bit codes of one lane's fragment do not "
+                            f"fill {VECTOR_WORDS} words evenly", where)
+    return layout
+
+
+def stream_arrays(fmt: Format, target: Target, packed: PackedWeights) -> dict[str, np.ndarray]:
+    """The arrays a weight-stream kernel reads: qweight re-ordered, the rest as packed."""
+    layout = stream_layout(fmt, target)
+    stored = unpack_bits(np.asarray(packed.arrays["qweight"]), fmt.element.bits, fmt.packing.word_bits)
+    arrays = dict(packed.arrays)
+    arrays["qweight"] = layout.pack(stored)
+    if layout.sparse:
+        from ..formats.layout import metadata_positions
+
+        positions = metadata_positions(np.asarray(packed.arrays["meta"]), fmt.sparsity, fmt.packing.word_bits)
+        arrays["meta"] = layout.pack_metadata(positions)
+    return arrays

@@ -1,0 +1,217 @@
+"""The weight-stream pipeline: the CUDA layout chosen at pack time, the lowering (checked in the
+interpreter against the float64 reference, tails included), the sparse MMA path for 2:4, the
+schedule's errors, and nvcc compiles of the printed kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import marlin_dsl as md
+from marlin_dsl import CUDA, METAL, Gemm, Schedule, WeightStream
+from marlin_dsl.backends import cuda_sparse_layout as sl
+from marlin_dsl.compiler import compile_gemm
+from marlin_dsl.errors import ScheduleError
+from marlin_dsl.formats.bitstream import unpack_bits
+from marlin_dsl.formats.layout import metadata_positions
+from marlin_dsl.ir.text import assert_round_trip
+from marlin_dsl.kernel_check import check_kernel
+from marlin_dsl.lowering.stream_layout import VECTOR_WORDS, stream_arrays, stream_layout
+from marlin_dsl.verify import sample_weights
+
+STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
+
+
+def small_schedule(fmt, tile_m: int = 8, warps_n: int = 2, k_warps: int = 2, depth: int = 2) -> Schedule:
+    tile_k = md.stream_schedule(fmt, 1).tile_k
+    return Schedule("ws_test", tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
+                    warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
+
+
+# ----- layout ---------------------------------------------------------------------------------
+
+def _lane_codes(layout, words: np.ndarray, nt: int, kv: int) -> np.ndarray:
+    """Independent reading of the layout: codes[n_tile, k_vector, lane, tile, element]."""
+    w = words.reshape(nt, kv, layout.lanes, VECTOR_WORDS)
+    pairs = layout.tiles * layout.per_lane // 2
+    out = np.zeros((nt, kv, layout.lanes, pairs, 2), np.int64)
+    mask = (1 << layout.bits) - 1
+    for j in range(pairs):
+        word, shift = divmod(j, 16 // layout.bits)
+        out[..., j, 0] = (w[..., word] >> (shift * layout.bits)) & mask
+        out[..., j, 1] = (w[..., word] >> (16 + shift * layout.bits)) & mask
+    return out.reshape(nt, kv, layout.lanes, layout.tiles, layout.per_lane)
+
+
+@pytest.mark.parametrize("shape", [(128, 32), (192, 40), (64, 16)])
+def test_every_code_lands_where_its_lane_reads_it(shape) -> None:
+    layout = stream_layout(md.builtin_format("fp4"), CUDA)
+    rng = np.random.default_rng(1)
+    ks, n = shape
+    codes = rng.integers(0, 16, size=shape)
+    words = layout.pack(codes)
+    nt, kv = -(-n // 16), -(-ks // layout.chunk)
+    assert words.dtype == np.uint32 and words.size == layout.words(ks, n)
+    got = _lane_codes(layout, words, nt, kv)
+    padded = np.zeros((kv * layout.chunk, nt * 16), np.int64)
+    padded[:ks, :n] = codes
+    # lane L, tile s, element e of (nt, kv) is W^T[row, col] = codes[kv*chunk + 16 s + col, 16 nt + row]
+    t_idx, k_idx = np.meshgrid(np.arange(nt), np.arange(kv), indexing="ij")
+    for s in range(layout.tiles):
+        k = k_idx[..., None, None] * layout.chunk + 16 * s + layout.cols[None, None]
+        col = t_idx[..., None, None] * 16 + layout.rows[None, None]
+        np.testing.assert_array_equal(got[:, :, :, s, :], padded[k, col])
+
+
+def test_layout_covers_a_tile_once_per_lane_table() -> None:
+    layout = stream_layout(md.builtin_format("int4"), CUDA)
+    seen = np.zeros((16, 16), int)
+    np.add.at(seen, (layout.rows, layout.cols), 1)
+    assert (seen == 1).all() and layout.tiles == 4 and layout.chunk == 64
+
+
+def test_sparse_metadata_decodes_to_the_format_positions() -> None:
+    fmt = md.builtin_format("fp4_2of4")
+    rng = np.random.default_rng(3)
+    k, n = 256, 48
+    packed = md.pack(fmt, sample_weights(fmt, k, n, rng))
+    layout = stream_layout(fmt, CUDA)
+    assert layout.sparse and layout.tile_cols == 16 and layout.meta_words == 2
+    arrays = stream_arrays(fmt, CUDA, packed)
+    positions = metadata_positions(packed.arrays["meta"], fmt.sparsity, 32)  # [K/4, 2, N]
+    nt, kv = n // 16, k // 2 // layout.chunk
+    meta = arrays["meta"].reshape(nt, kv, 32, layout.meta_words)
+    for t in range(nt):
+        for v in range(kv):
+            for tile in range(layout.tiles):
+                got = sl.unpack_metadata(meta[t, v, :, tile // 2], tile % 2)  # [16 rows, 8 groups, 2]
+                blocks = (v * layout.tiles + tile) * 8 + np.arange(8)
+                want = positions[blocks][:, :, t * 16:(t + 1) * 16].transpose(2, 0, 1)
+                np.testing.assert_array_equal(got, want)
+
+
+def test_stream_values_are_the_stored_codes() -> None:
+    fmt = md.builtin_format("int4_2of4")
+    packed = md.pack(fmt, sample_weights(fmt, 128, 32, np.random.default_rng(4)))
+    layout = stream_layout(fmt, CUDA)
+    stored = unpack_bits(packed.arrays["qweight"], 4, 32)
+    np.testing.assert_array_equal(stream_arrays(fmt, CUDA, packed)["qweight"], layout.pack(stored))
+
+
+# ----- kernels in the interpreter ---------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt_name", STREAM_FORMATS)
+@pytest.mark.parametrize("act", ["f16", "bf16"])
+def test_stream_kernel_matches_reference(fmt_name: str, act: str) -> None:
+    fmt = md.builtin_format(fmt_name)
+    gemm = Gemm(f"ws_{fmt_name}", fmt, small_schedule(fmt), act)
+    kernel = compile_gemm(gemm, CUDA).kernel
+    rng = np.random.default_rng(11)
+    k = 2 * md.stream_schedule(fmt, 1).tile_k if fmt.scale.group_size == "K" else 256
+    for shape in [(1, 33, k), (3, 40, k), (65, 49, k)]:  # M = 1, 3, 65; N tails
+        result = check_kernel(gemm, kernel, shape, rng)
+        assert result.untouched_poison == 0, shape
+        assert result.rel_error <= result.tolerance, (shape, result.rel_error)
+
+
+@pytest.mark.parametrize("fmt_name", ["fp4", "fp4_2of4"])
+def test_k_tail_shorter_than_a_vector(fmt_name: str) -> None:
+    """Group size 32: K = 96 (dense) / 160 (2:4) is not a multiple of the vector chunk; the
+    padded codes are masked by the activation loads and the scales' K predicate."""
+    fmt = md.builtin_format(fmt_name, 32)
+    gemm = Gemm("ws_tail", fmt, small_schedule(fmt, depth=1), "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    k = 96 if fmt_name == "fp4" else 160
+    result = check_kernel(gemm, kernel, (5, 20, k), np.random.default_rng(2))
+    assert result.ok, result
+
+
+def test_default_stream_schedules_run() -> None:
+    fmt = md.builtin_format("uint4_zp")
+    rng = np.random.default_rng(8)
+    for m in (1, 16, 40):
+        sched = md.stream_schedule(fmt, m)
+        gemm = Gemm("ws_default", fmt, sched, "f16")
+        kernel = compile_gemm(gemm, CUDA).kernel
+        assert kernel.attrs["weight_layout"] == "lane_stream"
+        result = check_kernel(gemm, kernel, (m, 24, 512), rng)
+        assert result.ok, (m, result)
+
+
+def test_stream_schedule_buckets() -> None:
+    fmt = md.builtin_format("fp4")
+    names = [md.stream_schedule(fmt, m).name for m in (1, 8, 9, 16, 17, 2048)]
+    assert names == ["stream_m8", "stream_m8", "stream_m16", "stream_m16", "stream_m16x", "stream_m16x"]
+    assert md.stream_schedule(md.builtin_format("fp4_2of4"), 1).tile_k == 128
+
+
+def test_stream_kernel_text_round_trips() -> None:
+    fmt = md.builtin_format("fp4_2of4")
+    kernel = compile_gemm(Gemm("ws_rt", fmt, small_schedule(fmt), "f16"), CUDA).kernel
+    assert_round_trip(kernel)
+    names = {op.name for op in kernel.walk()}
+    assert {"mma_sp", "frag_build", "vload", "vec"} <= names and "mma" not in names
+
+
+def test_stream_formats_have_even_k() -> None:
+    """The kernel reads activations in (k, k+1) pairs: every format the layout accepts has an
+    even K granule, so K is always even (runtime.physical_arrays relies on it)."""
+    for fmt_name in STREAM_FORMATS:
+        assert md.builtin_format(fmt_name).k_granule % 2 == 0
+    with pytest.raises(ScheduleError, match="does not divide 16"):
+        stream_layout(md.Format(name="int3", element=md.IntEncoding(3), scale=md.GroupScale(96),
+                                packing=md.Packing()), CUDA)
+
+
+# ----- schedule errors ------------------------------------------------------------------------
+
+def test_block_patterns_have_no_stream_layout() -> None:
+    fmt = md.builtin_format("fp4_blockpattern")
+    with pytest.raises(ScheduleError, match="weight-stream pipeline streams dense or N:M"):
+        compile_gemm(Gemm("ws_bp", fmt, small_schedule(md.builtin_format("fp4")), "f16"), CUDA)
+
+
+def test_wrong_tile_k_names_the_right_one() -> None:
+    fmt = md.builtin_format("fp4")
+    sched = Schedule("bad", tile_m=8, tile_n=16, tile_k=32, warps_m=1, warps_n=1, pipeline=WeightStream())
+    with pytest.raises(ScheduleError, match="set tile_k=64"):
+        compile_gemm(Gemm("ws_bad", fmt, sched, "f16"), CUDA)
+
+
+def test_warps_m_must_be_one() -> None:
+    with pytest.raises(ScheduleError, match="warps_m must be 1"):
+        Schedule("bad", tile_m=16, tile_n=16, tile_k=64, warps_m=2, warps_n=1, pipeline=WeightStream())
+
+
+def test_metal_declares_no_lane_layout() -> None:
+    fmt = md.builtin_format("fp4")
+    with pytest.raises(ScheduleError, match="lane layout of metal's MMA A operand"):
+        compile_gemm(Gemm("ws_metal", fmt, small_schedule(fmt), "f16"), METAL)
+
+
+def test_non_2of4_sparsity_is_refused() -> None:
+    from marlin_dsl import Format, NMSparsity
+
+    fmt4of8 = md.builtin_format("fp4_2of4")
+    fmt = Format(name="fp4_4of8", element=fmt4of8.element, scale=fmt4of8.scale,
+                 sparsity=NMSparsity(4, 8), packing=fmt4of8.packing)
+    with pytest.raises(ScheduleError, match="only for 2:4"):
+        stream_layout(fmt, CUDA)
+
+
+# ----- nvcc -------------------------------------------------------------------------------------
+
+def test_stream_kernels_compile_with_nvcc() -> None:
+    from marlin_dsl.backends.cuda import find_nvcc, nvcc_check, print_cuda
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found: the CUDA compile check needs the CUDA toolkit")
+    sources = []
+    for fmt_name in STREAM_FORMATS:
+        fmt = md.builtin_format(fmt_name)
+        for act in ("f16", "bf16"):
+            for m in (1, 64):
+                gemm = Gemm(f"ws_{fmt_name}_{act}_{m}", fmt, md.stream_schedule(fmt, m), act)
+                sources.append(print_cuda(compile_gemm(gemm, CUDA).kernel))
+    results = nvcc_check(sources, archs=("sm_80", "sm_90"))
+    failed = [r.summary() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
