@@ -67,7 +67,7 @@ def subjects(args):
             fmt = builtin_format(fmt_name)
             packed = pack(fmt, w)
             for m in [int(v) for v in args.ms.split(",")]:
-                scheds = [stream_schedule(fmt, m)] + [
+                scheds = [stream_schedule(fmt, m, None, k, n)] + [
                     Schedule("extra", tile_m=tm, tile_n=tn, tile_k=stream_schedule(fmt, m).tile_k, warps_m=1,
                              warps_n=wn, pipeline=WeightStream(k_warps=kw, depth=d))
                     for tm, tn, wn, kw, d in (tuple(int(v) for v in e.split(":")) for e in args.extra.split(",") if e)

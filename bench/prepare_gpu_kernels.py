@@ -36,9 +36,12 @@ from marlin_dsl.compiler import compile_gemm  # noqa: E402
 #: The pipelines the correctness run covers (the striped one as the Metal tests use it).
 PIPELINES = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
              "striped": lambda: StripedKParallel(parallel=2, groups=132),
-             "weight_stream": None, "weight_stream_m16": None}
-#: rows of M each weight-stream kernel is scheduled for (`marlin_dsl.schedule.stream_schedule`)
-STREAM_M = {"weight_stream": 1, "weight_stream_m16": 16}
+             "weight_stream": None, "weight_stream_m16": None, "weight_stream_m16_long_k": None,
+             "weight_stream_m64": None, "weight_stream_m64_wide_n": None, "weight_stream_large_m": None}
+#: (M, K, N) each weight-stream kernel is scheduled for (`marlin_dsl.schedule.stream_schedule`)
+STREAM_M = {"weight_stream": (1, None, None), "weight_stream_m16": (16, None, None),
+            "weight_stream_m16_long_k": (16, 14336, 4096), "weight_stream_m64": (64, None, None),
+            "weight_stream_m64_wide_n": (64, 4096, 14336), "weight_stream_large_m": (2048, None, None)}
 
 
 def gpu_schedule(fmt, pipeline: str) -> Schedule:
@@ -46,7 +49,8 @@ def gpu_schedule(fmt, pipeline: str) -> Schedule:
     weight-stream pipeline the schedule chosen for M = 1 or 16 rows. A ScheduleError means the
     pipeline does not take the format (block patterns and 4:8 have no weight-stream layout)."""
     if pipeline in STREAM_M:
-        return md.stream_schedule(fmt, STREAM_M[pipeline])
+        m, k, n = STREAM_M[pipeline]
+        return md.stream_schedule(fmt, m, None, k, n)
     return Schedule("gpu", pipeline=PIPELINES[pipeline]())
 MANIFEST_VERSION = 1
 

@@ -668,13 +668,13 @@ def _host_copy(mx, a):
     return mx.array(np.array(a))
 
 
-def _schedule(fmt, pipeline: str, m: int = 1):
+def _schedule(fmt, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
     from math import lcm
 
     from .schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel, stream_schedule
 
     if pipeline == "weight_stream":  # its schedule depends on M (stream_schedule's buckets)
-        return stream_schedule(fmt, m)
+        return stream_schedule(fmt, m, None, k, n)
 
     pl = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
           "striped": lambda: StripedKParallel(parallel=2, groups=132)}[pipeline]()
@@ -852,10 +852,10 @@ class MLXRunner:
                      f"{packed.nbytes / 2**20:.1f} MiB]")
         return self._packed[key]
 
-    def _gemm(self, fmt_name: str, pipeline: str, m: int = 1):
+    def _gemm(self, fmt_name: str, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
         from .formats.builtin import builtin_format
 
-        schedule = _schedule(builtin_format(fmt_name), pipeline, m)
+        schedule = _schedule(builtin_format(fmt_name), pipeline, m, k, n)
         key = (fmt_name, pipeline, schedule.name)
         if key not in self._gemms:
             try:
@@ -882,7 +882,7 @@ class MLXRunner:
 
     def marlin(self, fmt_name: str, pipeline: str, k: int, n: int) -> Subject:
         mx = self.mx
-        gemm = self._gemm(fmt_name, pipeline)
+        gemm = self._gemm(fmt_name, pipeline, 1, k, n)
         entry = self._packed_weights(fmt_name, k, n)
         packed, dense = entry["packed"], entry["dense"]
         count = copies_for(packed.nbytes)
@@ -893,7 +893,7 @@ class MLXRunner:
                 entry["copies"][layout] = [gemm.weights(packed) for _ in range(count)]
                 mx.eval(*[a for c in entry["copies"][layout] for a in c.arrays.values()])
             copies = entry["copies"][layout]
-            for_m = lambda m: self._gemm(fmt_name, pipeline, m)  # noqa: E731  (M picks the schedule)
+            for_m = lambda m: self._gemm(fmt_name, pipeline, m, k, n)  # noqa: E731  (M picks the schedule)
             return _Subject(self, "marlin", fmt_name, pipeline, k, n, packed.nbytes, count,
                             lambda x, m: _cuda_launch(mx, for_m(m), copies, x, m, n, k),
                             lambda x, m: (lambda i, g=for_m(m): g(copies[i % len(copies)], x, poison=False)),

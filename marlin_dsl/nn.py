@@ -101,7 +101,8 @@ def _run_kernel_backend(name: str, x: mx.array, packed: PackedWeights) -> mx.arr
 
         activation = "bf16" if x.dtype == mx.bfloat16 else "f16"
         x2 = x.reshape(-1, x.shape[-1])
-        gemm = cuda_gemm(packed.format, activation, cuda_schedule(packed.format, int(x2.shape[0])))
+        k, n = (int(v) for v in packed.shape)
+        gemm = cuda_gemm(packed.format, activation, cuda_schedule(packed.format, int(x2.shape[0]), k, n))
         y = gemm(cuda_weights(gemm, packed), x2, poison=False)
         return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
     raise MarlinDSLError(f"backend: no kernel launcher for {name!r}")

@@ -211,11 +211,12 @@ def default_schedule(fmt: Format) -> Schedule:
     return Schedule("auto_fused", tile_k=lcm(32, fmt.k_granule), pipeline=FusedDequant())
 
 
-def stream_schedule(fmt: Format, m: int, target: Target | None = None) -> Schedule:
-    """The weight-stream schedule for M rows of activations (CUDA's small-M kernels): tiles
-    one MMA wide in M (8 or 16 rows) and many warps splitting K, so that enough 128-bit weight
-    loads are in flight; larger M runs several 16-row threadgroups over the same weights
-    (served from L2 after the first)."""
+def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
+                    n: int | None = None) -> Schedule:
+    """The weight-stream schedule for M rows of activations (and, when known, the weight's
+    [K, N]): tiles one MMA wide in M (8 or 16 rows) and many warps splitting K, so that enough
+    128-bit weight loads are in flight; larger M runs several 16-row threadgroups over the same
+    weights (served from L2 after the first)."""
     from .lowering.stream_layout import stream_layout
     from .targets import CUDA
 
@@ -223,15 +224,21 @@ def stream_schedule(fmt: Format, m: int, target: Target | None = None) -> Schedu
     layout = stream_layout(fmt, target)
     tile_k = layout.chunk * fmt.k_granule // fmt.stored_k(fmt.k_granule)
 
-    def make(name: str, tile_m: int, k_warps: int) -> Schedule:
-        return Schedule(name, tile_m=tile_m, tile_n=16, tile_k=tile_k, warps_m=1, warps_n=1,
-                        pipeline=WeightStream(k_warps=k_warps, depth=1))
+    def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1) -> Schedule:
+        return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
+                        warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
 
-    # ncu on an H100 (bench/results/gpu/ncu_stream_probe2_h100_2026-11-22.json): 16 warps
-    # splitting K win up to 16 rows (more loads in flight); beyond, 8 warps and 16-row tiles
-    # (more threadgroups) beat wider M tiles.
+    # From ncu on an H100 (bench/results/gpu/ncu_kshuffle_probe_h100_2026-11-22.json and
+    # ncu_large_m_probe_h100_2026-11-22.json): 16 warps splitting K win at M <= 8 (more loads
+    # in flight); at M <= 16 they win where K > N (few N tiles to spread), 8 warps elsewhere;
+    # up to 64 rows, 32-row tiles (64 where N > K); beyond, 64 x 32 tiles of 2 x 4 warps.
+    wide_n = k is not None and n is not None and n > k
     if m <= 8:
         return make("stream_m8", 8, 16)
     if m <= 16:
-        return make("stream_m16", 16, 16)
-    return make("stream_m16x", 16, 8)
+        if k is not None and n is not None and k > n:
+            return make("stream_m16_long_k", 16, 16, depth=2)
+        return make("stream_m16", 16, 8)
+    if m <= 64:
+        return make("stream_m64_wide_n", 64, 4) if wide_n else make("stream_m32", 32, 8)
+    return make("stream_large_m", 64, 4, warps_n=2)

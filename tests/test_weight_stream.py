@@ -56,10 +56,28 @@ def test_every_code_lands_where_its_lane_reads_it(shape) -> None:
     padded[:ks, :n] = codes
     # lane L, tile s, element e of (nt, kv) is W^T[row, col] = codes[kv*chunk + 16 s + col, 16 nt + row]
     t_idx, k_idx = np.meshgrid(np.arange(nt), np.arange(kv), indexing="ij")
+    perm = layout.k_perm if layout.k_perm is not None else np.arange(layout.chunk)
     for s in range(layout.tiles):
-        k = k_idx[..., None, None] * layout.chunk + 16 * s + layout.cols[None, None]
+        k = k_idx[..., None, None] * layout.chunk + perm[16 * s + layout.cols][None, None]
         col = t_idx[..., None, None] * 16 + layout.rows[None, None]
         np.testing.assert_array_equal(got[:, :, :, s, :], padded[k, col])
+
+
+def test_k_shuffle_gives_each_lane_one_contiguous_run() -> None:
+    """With the K shuffle, lane L's B elements of tiles 0..3 are original K offsets
+    x_run0[L] + 0 .. 15, in tile-major order: one 32-byte run of activations per chunk."""
+    from marlin_dsl.lowering.stream_layout import activation_permutation
+
+    layout = stream_layout(md.builtin_format("fp4"), CUDA)
+    b_k, _ = CUDA.lane_elements("b", 16, 8)
+    perm, start = activation_permutation(b_k, layout.tiles, 16)
+    assert np.array_equal(perm, layout.k_perm) and layout.x_run == 16
+    for lane in range(32):
+        got = [perm[16 * s + b_k[lane, e]] for s in range(4) for e in range(4)]
+        assert got == list(range(start[lane], start[lane] + 16))
+    # groups smaller than a chunk keep the identity order (a tile must sit in one group)
+    assert stream_layout(md.builtin_format("fp4", 32), CUDA).k_perm is None
+    assert stream_layout(md.builtin_format("fp4_2of4"), CUDA).k_perm is None
 
 
 def test_layout_covers_a_tile_once_per_lane_table() -> None:
@@ -128,7 +146,7 @@ def test_k_tail_shorter_than_a_vector(fmt_name: str) -> None:
 def test_default_stream_schedules_run() -> None:
     fmt = md.builtin_format("uint4_zp")
     rng = np.random.default_rng(8)
-    for m in (1, 16, 40):
+    for m in (1, 16, 40, 70):
         sched = md.stream_schedule(fmt, m)
         gemm = Gemm("ws_default", fmt, sched, "f16")
         kernel = compile_gemm(gemm, CUDA).kernel
@@ -139,9 +157,13 @@ def test_default_stream_schedules_run() -> None:
 
 def test_stream_schedule_buckets() -> None:
     fmt = md.builtin_format("fp4")
-    names = [md.stream_schedule(fmt, m).name for m in (1, 8, 9, 16, 17, 2048)]
-    assert names == ["stream_m8", "stream_m8", "stream_m16", "stream_m16", "stream_m16x", "stream_m16x"]
+    names = [md.stream_schedule(fmt, m).name for m in (1, 8, 9, 16, 17, 64, 65, 2048)]
+    assert names == ["stream_m8", "stream_m8", "stream_m16", "stream_m16", "stream_m32", "stream_m32",
+                     "stream_large_m", "stream_large_m"]
+    assert md.stream_schedule(fmt, 64, None, 4096, 14336).name == "stream_m64_wide_n"
     assert md.stream_schedule(md.builtin_format("fp4_2of4"), 1).tile_k == 128
+    assert md.stream_schedule(fmt, 16, None, 14336, 4096).name == "stream_m16_long_k"
+    assert md.stream_schedule(fmt, 16, None, 4096, 14336).name == "stream_m16"
 
 
 def test_stream_kernel_text_round_trips() -> None:

@@ -19,10 +19,11 @@ from ..targets import CUDA
 from .cuda_launch import CudaGemm, CudaWeights, build_cuda_kernel
 
 
-def cuda_schedule(fmt: Format, m: int) -> Schedule:
-    """The schedule `quantized_linear` runs `fmt` with for m rows of activations on CUDA."""
+def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
+    """The schedule `quantized_linear` runs `fmt` with for m rows of activations (and a [K, N]
+    weight) on CUDA."""
     try:
-        return stream_schedule(fmt, m, CUDA)
+        return stream_schedule(fmt, m, CUDA, k, n)
     except ScheduleError:  # no weight-stream layout for this format (block patterns, 4:8, 3-bit)
         return default_schedule(fmt)
 
