@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import zlib
@@ -109,7 +110,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
             (folder / f"{compiled.gemm.name}.{target.name}.ir").write_text(print_kernel(compiled.kernel))
             # A complete translation unit (prelude, tables, kernel with MLX's parameter list):
             # what nvcc compiles in the tests and what mx.fast.cuda_kernel receives in parts.
-            (folder / f"{compiled.gemm.name}.cu").write_text(print_cuda(compiled.kernel).full_source())
+            src = print_cuda(compiled.kernel)
+            (folder / f"{compiled.gemm.name}.cu").write_text(src.full_source())
+            # Everything a launcher needs: CudaSource.from_json(json.load(...)["source"]) gives
+            # it back; the weights must be in the kernel's physical layout (weight_layout).
+            layout = src.attrs.get("weight_layout", "linear")
+            (folder / "manifest.json").write_text(json.dumps({
+                "kernel": compiled.gemm.name, "target": "cuda", "weight_layout": layout,
+                "weights": "as marlin_dsl.pack(format, w) gives them" if layout == "linear" else
+                           "marlin_dsl.runtime.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
+                "source": src.to_json()}, indent=1, sort_keys=True) + "\n")
 
     harness = None
     if target.name == "metal" and not args.no_check:

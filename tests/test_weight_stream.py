@@ -237,3 +237,29 @@ def test_stream_kernels_compile_with_nvcc() -> None:
     results = nvcc_check(sources, archs=("sm_80", "sm_90"))
     failed = [r.summary() for r in results if not r.ok]
     assert not failed, "\n".join(failed)
+
+
+def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) -> None:
+    """`marlin-dsl compile --target cuda -o`: the manifest says which physical layout the
+    kernel reads and how to make it; the verification table checks the kernel on it."""
+    import json
+
+    from marlin_dsl.backends.cuda import CudaSource
+    from marlin_dsl.cli import main
+
+    spec = tmp_path / "ws.py"
+    spec.write_text('from marlin_dsl import Gemm, builtin_format, stream_schedule\n'
+                    'fmt = builtin_format("int4_2of4")\n'
+                    'ws = Gemm("ws_int4_2of4", fmt, stream_schedule(fmt, 1))\n')
+    assert main(["compile", str(spec), "--target", "cuda", "-o", str(tmp_path / "out")]) == 0
+    assert "PASS" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "out" / "ws" / "ws_int4_2of4" / "manifest.json").read_text())
+    assert manifest["weight_layout"] == "lane_stream" and "to_kernel_layout" in manifest["weights"]
+    src = CudaSource.from_json(manifest["source"])
+    assert src.input_names == ["x", "qweight", "scales", "meta", "dims"]
+    fmt = md.builtin_format("int4_2of4")
+    packed = md.pack(fmt, sample_weights(fmt, 256, 32, np.random.default_rng(0)))
+    from marlin_dsl.runtime import to_kernel_layout
+
+    phys = to_kernel_layout(src.attrs, packed)
+    assert phys.layout == "lane_stream" and phys.arrays["qweight"].shape == (2 * 2 * 32 * 4,)  # 2 N tiles x 2 vectors of 64 stored K
