@@ -640,8 +640,8 @@ def test_kernels_on_gpu(printed, fmt, pipeline):
 
 
 def test_compile_writes_a_cuda_translation_unit(tmp_path) -> None:
-    """`marlin-dsl compile --target cuda -o DIR` writes each kernel's IR and a complete .cu file
-    (the text nvcc checks), deterministic across runs."""
+    """`marlin-dsl compile --target cuda -o DIR` writes each kernel's IR, a complete .cu file
+    (the text nvcc checks) and its manifest, deterministic across runs."""
     from pathlib import Path
 
     from marlin_dsl.cli import main
@@ -650,7 +650,7 @@ def test_compile_writes_a_cuda_translation_unit(tmp_path) -> None:
     for out in (tmp_path / "a", tmp_path / "b"):
         assert main(["compile", str(spec), "--target", "cuda", "--no-check", "-o", str(out)]) == 0
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
-    assert {p.suffix for p in files} == {".cu", ".ir"} and len(files) == 4
+    assert {p.suffix for p in files} == {".cu", ".ir", ".json"} and len(files) == 6
     for rel in files:
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
     text = (tmp_path / "a" / "sparse_2of4" / "fp4_2of4_g128_db" / "fp4_2of4_g128_db.cu").read_text()
