@@ -164,14 +164,14 @@ class Schedule:
             raise ScheduleError(
                 f"schedule {self.name!r}: weight_stream tile_m={self.tile_m} is not a multiple of "
                 f"{target.name}'s MMA N {target.mma_n}", where)
-        dense_chunk = layout.chunk * (fmt.k_granule // fmt.stored_k(fmt.k_granule))
+        dense_chunk = layout.dense_chunk
         if self.tile_k != dense_chunk:
             raise ScheduleError(
                 f"schedule {self.name!r}: weight_stream steps K by one vector load per lane, "
                 f"{dense_chunk} positions for format {fmt.name!r} on {target.name}: set "
                 f"tile_k={dense_chunk}, not {self.tile_k}", where)
         g = fmt.scale.group_size
-        tile_dense = layout.tile_cols * (fmt.k_granule // fmt.stored_k(fmt.k_granule))
+        tile_dense = layout.dense_tile_k
         if g != "K" and int(g) % tile_dense:
             raise ScheduleError(
                 f"schedule {self.name!r}: weight_stream needs scale groups that cover whole MMA "
@@ -221,8 +221,7 @@ def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | 
     from .targets import CUDA
 
     target = target or CUDA
-    layout = stream_layout(fmt, target)
-    tile_k = layout.chunk * fmt.k_granule // fmt.stored_k(fmt.k_granule)
+    tile_k = stream_layout(fmt, target).dense_chunk
 
     def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1) -> Schedule:
         return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,

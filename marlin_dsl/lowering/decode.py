@@ -56,6 +56,22 @@ def encoding_tables(fmt: Format, prefix: str) -> list[ConstTable]:
     return tables
 
 
+def float_code_bits(b: Builder, code: Value, enc: FloatEncoding, t_man: int, width: int,
+                    repeat: int = 1) -> Value:
+    """The bits of a float of `width` bits (t_man mantissa bits) holding the code's exponent
+    and mantissa fields under its own and its sign at the top, still to be rescaled by
+    2**(target_bias - bias). With repeat = 0x00010001, two 16-bit codes side by side (one in
+    each half of a u32) are placed at once (`pair_decode`)."""
+    magnitude_bits = enc.exp_bits + enc.man_bits
+    magnitude = b.binary("and", code, ((1 << magnitude_bits) - 1) * repeat, hint="mag")
+    bits = b.binary("shl", magnitude, t_man - enc.man_bits, hint="mag")
+    if enc.signed:
+        sign = b.binary("and", code, (1 << magnitude_bits) * repeat, hint="sgn")
+        sign = b.binary("shl", sign, width - 1 - magnitude_bits, hint="sgn")
+        bits = b.binary("or", bits, sign, hint="mag")
+    return bits
+
+
 class UnitDecoder:
     """Emits the decode of one unit for a format into a Builder."""
 
@@ -114,13 +130,7 @@ class UnitDecoder:
         if enc.exp_bits > (5 if ctype == F16 else 8) or enc.man_bits > t_man:
             raise CompileError(f"format {self.fmt.name!r}: {enc.describe()} does not fit in {ctype}",
                                self.fmt.location)
-        magnitude_bits = enc.exp_bits + enc.man_bits
-        magnitude = b.binary("and", code, (1 << magnitude_bits) - 1, hint="mag")
-        bits = b.binary("shl", magnitude, t_man - enc.man_bits, hint="mag")
-        if enc.signed:
-            sign = b.binary("and", code, 1 << magnitude_bits, hint="sgn")
-            sign = b.binary("shl", sign, width - 1 - magnitude_bits, hint="sgn")
-            bits = b.binary("or", bits, sign, hint="mag")
+        bits = float_code_bits(b, code, enc, t_man, width)
         holder = U16 if width == 16 else U32
         raw = b.bitcast(b.cast(bits, holder, hint="mag") if holder != U32 else bits, ctype, hint="raw")
         return b.binary("mul", raw, b.const(float(2.0 ** (t_bias - enc.bias)), ctype), hint="t")

@@ -14,8 +14,8 @@ paths read only the format's fields.
 from __future__ import annotations
 
 from ..formats import FloatEncoding, Format, IntEncoding
-from ..ir import F16, U32, Builder, ScalarType, Value, VectorType
-from .decode import _FLOAT_LAYOUT, UnitDecoder
+from ..ir import F16, Builder, ScalarType, Value, VectorType
+from .decode import _FLOAT_LAYOUT, UnitDecoder, float_code_bits
 
 _BOTH_HALVES = 0x00010001  # a mask for the low half, repeated in the high half
 
@@ -56,18 +56,11 @@ class PairDecoder:
             magic = b.bitcast(b.binary("or", codes, 0x6400 * _BOTH_HALVES, hint="mag"), self.pair_type, hint="mag")
             return b.binary("sub", magic, self.splat(b.const(1024.0 + enc.offset, F16)), hint="t2")
         assert isinstance(enc, FloatEncoding)
-        t_bias, t_man, _ = _FLOAT_LAYOUT["f16"]
-        magnitude_bits = enc.exp_bits + enc.man_bits
-        bits = b.binary("and", v, ((1 << magnitude_bits) - 1) * _BOTH_HALVES, hint="mag")
-        if t_man != enc.man_bits:
-            bits = b.binary("shl", bits, t_man - enc.man_bits, hint="mag")
-        if enc.signed:
-            sign = b.binary("and", v, (1 << magnitude_bits) * _BOTH_HALVES, hint="sgn")
-            sign = b.binary("shl", sign, 15 - magnitude_bits, hint="sgn")
-            bits = b.binary("or", bits, sign, hint="mag")
+        t_bias, t_man, width = _FLOAT_LAYOUT["f16"]
+        bits = float_code_bits(b, v, enc, t_man, width, repeat=_BOTH_HALVES)
         raw = b.bitcast(bits, self.pair_type, hint="raw")
         factor = 2.0 ** (t_bias - enc.bias)
         return raw if factor == 1.0 else b.binary("mul", raw, self.splat(b.const(factor, F16)), hint="t2")
 
 
-__all__ = ["PairDecoder", "U32"]
+__all__ = ["PairDecoder"]

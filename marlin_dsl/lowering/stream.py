@@ -51,8 +51,7 @@ class StreamLowering(GemmLowering):
         self.pairs = PairDecoder(self.b, self.fmt, self.act)
         mm, mn, mk = target.mma
         self.sparse = self.layout.sparse
-        #: dense K of one MMA: the sparse MMA's (its A holds half as many columns) or the dense one's
-        self.tile_k_dense = target.sparse_mma[2] if self.sparse else mk  # type: ignore[index]
+        self.tile_k_dense = self.layout.dense_tile_k
         self.frag_b_stream = FragmentType("b", self.act, self.tile_k_dense, mn)
         self.nsub = self.s.tile_n // self.s.warps_n // mm  # A tiles (16 N rows) per warp
         self.msub = self.s.tile_m // mn  # B tiles (8 M columns) per warp
@@ -62,11 +61,6 @@ class StreamLowering(GemmLowering):
         #: with the layout's K shuffle each lane reads its activations as one run per chunk
         self.x_perm = self.layout.k_perm is not None
         if self.x_perm:
-            from .stream_layout import activation_permutation
-
-            _, run_start = activation_permutation(
-                target.lane_elements("b", mk, mn)[0], self.layout.tiles, mk)  # type: ignore[index]
-            self.x_run_start = tuple(int(v) for v in run_start)
             granule = self.fmt.k_granule & -self.fmt.k_granule  # largest power of two dividing it
             self.x_vec = min(8, granule, self.layout.x_run)
         self.b_k_base, self.b_k_off = lane_base_and_offsets(b_k, "B k")
@@ -107,7 +101,7 @@ class StreamLowering(GemmLowering):
         g = self.fmt.scale.group_size
         # Scales change at most once per vector when groups cover whole vectors: then they
         # are fetched with the weights, a step ahead, instead of stalling every step.
-        self.prefetch_params = g == "K" or int(g) % (lay.tiles * self.tile_k_dense) == 0
+        self.prefetch_params = g == "K" or int(g) % lay.dense_chunk == 0
         depth = p.depth  # steps whose loads are in flight while one computes
         sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * p.k_warps, hint="pk")) for d in range(depth)]
         first = [v for fetched in sets for v in fetched]
@@ -131,7 +125,7 @@ class StreamLowering(GemmLowering):
             ConstTable("a_row0", U32, self.a_row_base), ConstTable("b_k0", U32, self.b_k_base),
             ConstTable("b_n0", U32, self.b_n_base)]
         if self.x_perm:
-            tables.append(ConstTable("x_run0", U32, self.x_run_start))
+            tables.append(ConstTable("x_run0", U32, self.layout.x_run_start))
         kernel = Kernel(
             name=self.gemm.name, threads=self.threads,
             grid=(GridDim("N", s.tile_n), GridDim("M", s.tile_m), GridDim(None)), body=b.blocks[0],
@@ -157,7 +151,7 @@ class StreamLowering(GemmLowering):
         if self.sparse:
             out += [self.load_meta(j, kv) for j in range(self.nsub)]
         if self.prefetch_params:
-            k_vec0 = self.op2("mul", kv, self.layout.tiles * self.tile_k_dense, hint="kb")
+            k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
             for j in range(self.nsub):
                 for scale, zero in self.row_params(j, k_vec0).values():
                     out += [scale] + ([zero] if zero is not None else [])
@@ -183,10 +177,7 @@ class StreamLowering(GemmLowering):
     def load_meta(self, j: int, kv: Value) -> Value:
         """One lane's sparse-MMA metadata words for N tile j and K vector kv (one per tile pair)."""
         size = self.layout.meta_words
-        pred = self.op2("and", self.op2("lt", kv, self.KV, hint="kok"), self.tile_ok[j], hint="mok")
-        idx = self.op2("mul", self.op2("add", self.op2("mul", self.op2("add", self.op2(
-            "mul", self.n_tiles[j], self.KV, hint="mi"), kv, hint="mi"), self.layout.lanes, hint="mi"),
-            self.lane, hint="mi"), size, hint="mi")
+        idx, pred = self.lane_slot(j, kv, size, "mi")
         b = self.b
         # Where the tile is absent the MMA still runs (its rows are never stored): give it the
         # valid ordered positions (0, 1) in every group (0b0100 per field), not zeros, whose
@@ -197,13 +188,18 @@ class StreamLowering(GemmLowering):
         loaded = b.value("vload", [idx, pred], VectorType(U32, size), {"buffer": "meta", "size": size}, hint="meta")
         return b.select(pred, loaded, b.value("vec", [valid] * size, VectorType(U32, size), hint="meta"), hint="meta")
 
+    def lane_slot(self, j: int, kv: Value, size: int, hint: str) -> tuple[Value, Value]:
+        """(index, exists) of this lane's `size` words for N tile j and K vector kv in an array
+        laid out [n_tile][k_vector][lane][size] (qweight; the sparse metadata)."""
+        pred = self.op2("and", self.op2("lt", kv, self.KV, hint="kok"), self.tile_ok[j], hint="vok")
+        slot = self.op2("add", self.op2("mul", self.n_tiles[j], self.KV, hint=hint), kv, hint=hint)
+        lane = self.op2("add", self.op2("mul", slot, self.layout.lanes, hint=hint), self.lane, hint=hint)
+        return self.op2("mul", lane, size, hint=hint), pred
+
     def load_words(self, j: int, kv: Value) -> Value:
         """One lane's vector of weight words for N tile j and K vector kv (0 where absent)."""
         b = self.b
-        pred = self.op2("and", self.op2("lt", kv, self.KV, hint="kok"), self.tile_ok[j], hint="wok")
-        idx = self.op2("mul", self.op2("add", self.op2("mul", self.op2("add", self.op2(
-            "mul", self.n_tiles[j], self.KV, hint="wi"), kv, hint="wi"), self.layout.lanes, hint="wi"),
-            self.lane, hint="wi"), VECTOR_WORDS, hint="wi")
+        idx, pred = self.lane_slot(j, kv, VECTOR_WORDS, "wi")
         return b.value("vload", [idx, pred], VectorType(U32, VECTOR_WORDS),
                        {"buffer": "qweight", "size": VECTOR_WORDS}, hint="qw")
 
@@ -216,9 +212,8 @@ class StreamLowering(GemmLowering):
         exists = self.op2("lt", k_tile0, self.K, hint="gok")
         out = {}
         for off in sorted(set(self.a_row_off)):
-            n = self.op2("add", self.op2("add", self.op2("mul", self.n_tiles[j], self.target.mma_m, hint="n"),
-                                         self.a_row0, hint="n"), off, hint="n") if off else \
-                self.op2("add", self.op2("mul", self.n_tiles[j], self.target.mma_m, hint="n"), self.a_row0, hint="n")
+            n = self.op2("add", self.op2("mul", self.n_tiles[j], self.target.mma_m, hint="n"), self.a_row0, hint="n")
+            n = self.op2("add", n, off, hint="n") if off else n
             pred = self.op2("and", exists, self.op2("lt", n, self.N, hint="nok"), hint="sok")
             gidx = self.op2("add", self.op2("mul", group, self.N, hint="gi"), n, hint="gi")
             scale = b.load("scales", gidx, ScalarType("f16"), pred, hint="s")
@@ -232,17 +227,20 @@ class StreamLowering(GemmLowering):
             out[off] = (scale, zero)
         return out
 
+    def x_row(self, mt: int, hint: str) -> tuple[Value, Value]:
+        """(this lane's activation row m < M, m * K) for M tile mt (m from the B lane table)."""
+        m = self.op2("add", self.op2("add", self.m0, mt * self.target.mma_n, hint="m"), self.b_n0, hint="m")
+        return self.op2("lt", m, self.M, hint="mok"), self.op2("mul", m, self.K, hint=hint)
+
     def b_fragment(self, k_tile0: Value, mt: int) -> Value:
         """The B fragment of X^T rows [k_tile0, +16), columns [m0 + 8 mt, +8): pairs of
-        adjacent activations along K, masked by M and K (K even: the launcher checks)."""
+        adjacent activations along K, masked by M and K (K is even: see runtime.physical_arrays)."""
         b = self.b
-        m = self.op2("add", self.op2("add", self.m0, mt * self.target.mma_n, hint="m"), self.b_n0, hint="m")
-        m_ok = self.op2("lt", m, self.M, hint="mok")
-        row = self.op2("mul", m, self.K, hint="xr")
+        m_ok, row = self.x_row(mt, "xr")
+        lane_k = self.op2("add", k_tile0, self.b_k0, hint="k")
         pairs = []
         for i in range(0, len(self.b_k_off), 2):
-            k = self.op2("add", self.op2("add", k_tile0, self.b_k0, hint="k"), self.b_k_off[i], hint="k") \
-                if self.b_k_off[i] else self.op2("add", k_tile0, self.b_k0, hint="k")
+            k = self.op2("add", lane_k, self.b_k_off[i], hint="k") if self.b_k_off[i] else lane_k
             pred = self.op2("and", m_ok, self.op2("lt", k, self.K, hint="kok"), hint="xok")
             pairs.append(b.value("vload", [self.op2("add", row, k, hint="xi"), pred], VectorType(self.act, 2),
                                  {"buffer": "x", "size": 2}, hint="xp"))
@@ -252,10 +250,9 @@ class StreamLowering(GemmLowering):
         """This lane's activations for the chunk at dense K k_vec0 and M tile mt, as vectors of
         x_vec elements: original K [k_vec0 + x_run0, + x_run) of row m (zero outside M, K)."""
         b = self.b
-        m = self.op2("add", self.op2("add", self.m0, mt * self.target.mma_n, hint="m"), self.b_n0, hint="m")
-        m_ok = self.op2("lt", m, self.M, hint="mok")
+        m_ok, row = self.x_row(mt, "xi")
         start = self.op2("add", k_vec0, self.x_run0, hint="xk")
-        row = self.op2("add", self.op2("mul", m, self.K, hint="xi"), start, hint="xi")
+        row = self.op2("add", row, start, hint="xi")
         out = []
         for i in range(self.layout.x_run // self.x_vec):
             off = i * self.x_vec
@@ -281,7 +278,7 @@ class StreamLowering(GemmLowering):
     def step(self, kv: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
         b, lay = self.b, self.layout
         mk = self.tile_k_dense
-        k_vec0 = self.op2("mul", kv, lay.tiles * mk, hint="kb")
+        k_vec0 = self.op2("mul", kv, lay.dense_chunk, hint="kb")
         words, meta, params = self.unpack_fetched(fetched)
         new = list(accs)
         pairs_per_tile = lay.per_lane // 2

@@ -60,6 +60,18 @@ class StreamLayout:
     #: (tile s, column c); None: the identity. See `activation_run`.
     k_perm: np.ndarray | None = None
     x_run: int = 0  # activations one lane reads contiguously per chunk (with k_perm)
+    x_run_start: tuple[int, ...] = ()  # where each lane's run starts in a chunk (with k_perm)
+    k_ratio: int = 1  # dense K positions per stored one (2 for 2:4)
+
+    @property
+    def dense_tile_k(self) -> int:
+        """Dense K one MMA covers (the sparse MMA's A holds half as many columns)."""
+        return self.tile_cols * self.k_ratio
+
+    @property
+    def dense_chunk(self) -> int:
+        """Dense K one vector load covers: the weight-stream kernel's step (tile_k)."""
+        return self.chunk * self.k_ratio
 
     @property
     def lanes(self) -> int:
@@ -199,14 +211,16 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
     if sparse_target is not None:
         mm, _, sparse_k = target.sparse_mma  # type: ignore[misc]
         mk = sparse_k // 2  # compressed columns of A
-    layout = StreamLayout(bits, mm, mk, rows, cols, sparse_target)
+    k_ratio = fmt.k_granule // fmt.stored_k(fmt.k_granule)
+    layout = StreamLayout(bits, mm, mk, rows, cols, sparse_target, k_ratio=k_ratio)
     g = fmt.scale.group_size
     b_table = target.lane_elements("b", mk, target.mma_n)
     # The K shuffle mixes K positions across a chunk: only where scale groups hold whole chunks,
     # and not for 2:4 (its groups of 4 must stay groups of 4 for the sparse MMA).
     if sparse_target is None and b_table is not None and (g == "K" or int(g) % layout.chunk == 0):
-        k_perm, _ = activation_permutation(b_table[0], layout.tiles, mk)
-        layout = StreamLayout(bits, mm, mk, rows, cols, None, k_perm, layout.tiles * b_table[0].shape[1])
+        k_perm, run_start = activation_permutation(b_table[0], layout.tiles, mk)
+        layout = StreamLayout(bits, mm, mk, rows, cols, None, k_perm, layout.tiles * b_table[0].shape[1],
+                              tuple(int(v) for v in run_start), k_ratio)
     if (VECTOR_WORDS * 32) % (layout.per_lane * bits):
         raise ScheduleError(f"format {fmt.name!r}: {bits}-bit codes of one lane's fragment do not "
                             f"fill {VECTOR_WORDS} words evenly", where)
