@@ -44,9 +44,9 @@ import numpy as np  # noqa: E402
 
 SHAPES_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
 MS = (1, 7, 16, 64)
-#: (M, N, K): the large M on one shape (float64 references of 2048 x 4096 x 14336 would dominate
-#: the run), and tails in M, N and K.
-EXTRA = ((256, 4096, 4096), (2048, 4096, 4096), (3, 4096 + 40, 4096), (65, 4096 + 24, 4096 + 128))
+#: (M, N, K): the large M on every shape, and tails in M, N and K.
+EXTRA = tuple((m, n, k) for k, n in SHAPES_KN for m in (256, 2048)) + \
+    ((3, 4096 + 40, 4096), (65, 4096 + 24, 4096 + 128), (300, 4096 + 8, 4096 + 128))
 REL_TOL = {"f16": 2e-3, "bf16": 1.6e-2}  # marlin_dsl.kernel_check.REL_TOL
 
 

@@ -39,6 +39,21 @@ METRICS = {
     "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue_pct",
     "launch__registers_per_thread": "registers",
 }
+#: With --detail: what bounds a compute-heavy kernel (tensor pipe, shared-memory conflicts,
+#: the main stall reasons as % of active warp cycles).
+DETAIL_METRICS = {
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pct",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "smem_ld_conflicts",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": "smem_ld_wavefronts",
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "stall_barrier",
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "stall_long_sb",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio": "stall_short_sb",
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio": "stall_math",
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "stall_wait",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio": "stall_mio",
+    "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio": "stall_not_selected",
+    "smsp__inst_executed.sum": "instructions",
+}
 MARKER = "mdsl_marker"
 
 
@@ -50,7 +65,7 @@ def subjects(args):
     from marlin_dsl.backends.cuda_launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.schedule import stream_schedule
-    from marlin_dsl.schedule import Gemm, Schedule, WeightStream
+    from marlin_dsl.schedule import Gemm, Multistage, Schedule, WeightStream
     from marlin_dsl.targets import CUDA
 
     rng = np.random.default_rng(0)
@@ -71,7 +86,10 @@ def subjects(args):
                     Schedule("extra", tile_m=tm, tile_n=tn, tile_k=stream_schedule(fmt, m).tile_k, warps_m=1,
                              warps_n=wn, pipeline=WeightStream(k_warps=kw, depth=d))
                     for tm, tn, wn, kw, d in (tuple(int(v) for v in e.split(":")) for e in args.extra.split(",") if e)
-                    if tm >= min(m, 16)]
+                    if tm >= min(m, 16)] + [
+                    Schedule("extra_ms", tile_m=tm, tile_n=tn, tile_k=stream_schedule(fmt, m).tile_k, warps_m=wm,
+                             warps_n=wn, pipeline=Multistage(stages=st))
+                    for tm, tn, wm, wn, st in (tuple(int(v) for v in e.split(":")) for e in args.multistage.split(",") if e)]
                 for sched in scheds:
                     gemm = build_cuda_kernel(compile_gemm(Gemm(f"ncu_{fmt_name}", fmt, sched), CUDA).kernel)
                     ours.append((fmt_name, m, sched, gemm, gemm.weights(packed)))
@@ -85,7 +103,10 @@ def subjects(args):
             for fmt_name, mm, sched, gemm, weights in ours:
                 if mm == m:
                     p = sched.pipeline
-                    label = f"{sched.tile_m}x{sched.tile_n}x{sched.tile_k} w{sched.warps_n} k{p.k_warps} d{p.depth}"
+                    if isinstance(p, Multistage):
+                        label = f"{sched.tile_m}x{sched.tile_n}x{sched.tile_k} {sched.warps_m}x{sched.warps_n} s{p.stages}"
+                    else:
+                        label = f"{sched.tile_m}x{sched.tile_n}x{sched.tile_k} w{sched.warps_n} k{p.k_warps} d{p.depth}"
                     out.append(({**base, "subject": f"ws {fmt_name}", "schedule": label},
                                 lambda x=x, g=gemm, wt_=weights: g(wt_, x, poison=False)))
     return out
@@ -143,16 +164,22 @@ def main() -> int:
     ap.add_argument("--ms", default="1,16,64")
     ap.add_argument("--formats", default="fp4")
     ap.add_argument("--extra", default="", help="more schedules tile_m:tile_n:warps_n:k_warps:depth,...")
+    ap.add_argument("--detail", action="store_true", help="also tensor-pipe, shared-memory and stall metrics")
+    ap.add_argument("--multistage", default="", help="multistage schedules tile_m:tile_n:warps_m:warps_n:stages,...")
     args = ap.parse_args()
     if args.mode == "drive":
         drive(args)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "ncu.csv"
+    if args.detail:
+        METRICS.update(DETAIL_METRICS)
+    metrics = list(METRICS)
     cmd = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--cache-control", "all",
-           "--metrics", ",".join(METRICS), "--log-file", str(log),
+           "--metrics", ",".join(metrics), "--log-file", str(log),
            sys.executable, __file__, "drive", "--labels", args.labels, "--shapes", args.shapes,
-           "--ms", args.ms, "--formats", args.formats, "--extra", args.extra]
+           "--ms", args.ms, "--formats", args.formats, "--extra", args.extra,
+           "--multistage", args.multistage]
     started = time.time()
     proc = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
@@ -163,7 +190,8 @@ def main() -> int:
         gbs = r["dram_read_bytes"] / r["time_ns"] if r["time_ns"] else 0.0
         print(f"{r['K']}x{r['N']} M={r['M']:<5} {r['subject']:12} {r.get('schedule', ''):26} "
               f"{r['time_ns'] / 1e3:8.1f} us  {gbs:7.0f} GB/s  dram {r['dram_pct'] or 0:5.1f}%  "
-              f"occ {r['occupancy_pct'] or 0:5.1f}%  issue {r['issue_pct'] or 0:5.1f}%  regs {r['registers']}")
+              f"occ {r['occupancy_pct'] or 0:5.1f}%  issue {r['issue_pct'] or 0:5.1f}%  regs {r['registers']}"
+              + ("".join(f"  {key} {r.get(key)}" for key in DETAIL_METRICS.values()) if args.detail else ""))
     (args.out / "ncu_profile.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%d"), "tool": "ncu --clock-control none --cache-control all",
          "rows": results}, indent=2))

@@ -44,14 +44,14 @@ from .formats import (
 )
 from .formats.builtin import BUILTIN_FORMATS, builtin_format
 from .errors import ScheduleError
-from .schedule import DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel, WeightStream, stream_schedule
+from .schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, WeightStream, multistage_schedule, stream_schedule
 from .targets import CUDA, METAL, TARGETS, Target
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Schedule", "StripedKParallel", "WeightStream",
-    "ScheduleError", "stream_schedule",
+    "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "WeightStream",
+    "ScheduleError", "multistage_schedule", "stream_schedule",
     "TARGETS", "Target", "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
     "GroupScale", "IntEncoding", "MarlinDSLError", "NMSparsity", "PackedWeights", "Packing",
     "QuantizedWeights", "ShapeError", "SpecError", "TableEncoding", "ValueRangeError",

@@ -60,7 +60,25 @@ class WeightStream:
     kind: Literal["weight_stream"] = "weight_stream"
 
 
-Pipeline = Union[DoubleBuffered, FusedDequant, StripedKParallel, WeightStream]
+@dataclass(frozen=True)
+class Multistage:
+    """Marlin's large-M mode: the weight-stream product and physical layout (Y^T = W^T X^T,
+    weights as the MMA's A operand, each lane's fragments for several K tiles in one 128-bit
+    vector), with the threadgroup's weight vectors and its activation tile copied into shared
+    memory asynchronously, `stages` K steps in flight (cp.async groups on CUDA). Each warp
+    decodes its A fragments once per K tile and reuses them across all its M tiles, so large
+    tiles amortise the decode; activations are read from shared memory as each lane's
+    contiguous run (the layout's K shuffle) instead of once per N tile from device memory.
+
+    Schedule fields: tile_n N rows and tile_m M rows per threadgroup, split over warps_n x
+    warps_m warps (tile_n/warps_n a multiple of the MMA's M, tile_m/warps_m of its N), tile_k
+    the dense K of one step (the layout's vector chunk)."""
+
+    stages: int = 3
+    kind: Literal["multistage"] = "multistage"
+
+
+Pipeline = Union[DoubleBuffered, FusedDequant, StripedKParallel, WeightStream, Multistage]
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,12 @@ class Schedule:
             if self.warps_m != 1:
                 raise ScheduleError(f"schedule {self.name!r}: weight_stream splits N and K among "
                                     f"warps, not M: warps_m must be 1, got {self.warps_m}", self.location)
+        if isinstance(self.pipeline, Multistage):
+            stages = self.pipeline.stages
+            if not isinstance(stages, int) or isinstance(stages, bool) or not 2 <= stages <= 8:
+                raise ScheduleError(f"schedule {self.name!r}: multistage stages must be an integer "
+                                    f"2..8 (K steps in flight plus the one computing), got {stages!r}",
+                                    self.location)
         if isinstance(self.pipeline, StripedKParallel):
             if self.pipeline.parallel < 1 or self.pipeline.groups < 1:
                 raise ScheduleError(f"schedule {self.name!r}: striped parallel and groups "
@@ -127,7 +151,7 @@ class Schedule:
     def check(self, fmt: Format, target: Target) -> None:
         """Raise ScheduleError (at the schedule's spec line) if it cannot run."""
         where = self.location
-        if isinstance(self.pipeline, WeightStream):
+        if isinstance(self.pipeline, (WeightStream, Multistage)):
             self._check_stream(fmt, target)
             return
         wm, wn = self.warp_tile
@@ -154,27 +178,29 @@ class Schedule:
         from .lowering.stream_layout import stream_layout
 
         where = self.location
+        kind = self.pipeline.kind
         layout = stream_layout(fmt, target, where)
         rows_per_warp = self.tile_n // self.warps_n
         if rows_per_warp % layout.tile_rows:
             raise ScheduleError(
-                f"schedule {self.name!r}: weight_stream gives each warp tile_n/warps_n = "
+                f"schedule {self.name!r}: {kind} gives each warp tile_n/warps_n = "
                 f"{rows_per_warp} N rows, not a multiple of {target.name}'s MMA M {layout.tile_rows}", where)
-        if self.tile_m % target.mma_n:
+        cols_per_warp = self.tile_m // self.warps_m
+        if cols_per_warp % target.mma_n:
             raise ScheduleError(
-                f"schedule {self.name!r}: weight_stream tile_m={self.tile_m} is not a multiple of "
-                f"{target.name}'s MMA N {target.mma_n}", where)
+                f"schedule {self.name!r}: {kind} gives each warp tile_m/warps_m = {cols_per_warp} "
+                f"M rows, not a multiple of {target.name}'s MMA N {target.mma_n}", where)
         dense_chunk = layout.dense_chunk
         if self.tile_k != dense_chunk:
             raise ScheduleError(
-                f"schedule {self.name!r}: weight_stream steps K by one vector load per lane, "
+                f"schedule {self.name!r}: {kind} steps K by one vector load per lane, "
                 f"{dense_chunk} positions for format {fmt.name!r} on {target.name}: set "
                 f"tile_k={dense_chunk}, not {self.tile_k}", where)
         g = fmt.scale.group_size
         tile_dense = layout.dense_tile_k
         if g != "K" and int(g) % tile_dense:
             raise ScheduleError(
-                f"schedule {self.name!r}: weight_stream needs scale groups that cover whole MMA "
+                f"schedule {self.name!r}: {kind} needs scale groups that cover whole MMA "
                 f"K tiles ({tile_dense}); format {fmt.name!r} has group_size {g}", where)
         threads = self.threads(target)
         if threads > target.max_threads:
@@ -230,7 +256,7 @@ def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | 
     # From ncu on an H100 (bench/results/gpu/ncu_kshuffle_probe_h100_2026-11-22.json and
     # ncu_large_m_probe_h100_2026-11-22.json): 16 warps splitting K win at M <= 8 (more loads
     # in flight); at M <= 16 they win where K > N (few N tiles to spread), 8 warps elsewhere;
-    # up to 64 rows, 32-row tiles (64 where N > K); beyond, 64 x 32 tiles of 2 x 4 warps.
+    # up to 64 rows, 32-row tiles (64 where N > K); beyond, the multistage pipeline.
     wide_n = k is not None and n is not None and n > k
     if m <= 8:
         return make("stream_m8", 8, 16)
@@ -240,4 +266,28 @@ def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | 
         return make("stream_m16", 16, 8)
     if m <= 64:
         return make("stream_m64_wide_n", 64, 4) if wide_n else make("stream_m32", 32, 8)
-    return make("stream_large_m", 64, 4, warps_n=2)
+    return multistage_schedule(fmt, m, target, k, n)
+
+
+#: Threadgroups below which the large tiles leave an H100's 132 SMs too idle.
+_FULL_GRID = 100
+
+
+def multistage_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
+                        n: int | None = None) -> Schedule:
+    """The multistage schedule for M rows (M > 64): 128 x 256 tiles (8 warps, each 64 M x 64 N
+    rows, 3 stages) where they give the GPU enough threadgroups, else 64 x 128 (4 warps, each
+    32 x 64, 4 stages). From bench/results/gpu/multistage_probe_h100_2026-11-22.json: at M =
+    2048 the large tiles are fastest (273 us dense, 212 us 2:4 at 4096 x 4096); at M = 256 on
+    N = 4096 they make 32 threadgroups and the small ones win."""
+    from .lowering.stream_layout import stream_layout
+    from .targets import CUDA
+
+    target = target or CUDA
+    tile_k = stream_layout(fmt, target).dense_chunk
+    n_eff = n if n is not None else 4096
+    if -(-m // 128) * -(-n_eff // 256) >= _FULL_GRID:
+        return Schedule("multistage_large", tile_m=128, tile_n=256, tile_k=tile_k, warps_m=2, warps_n=4,
+                        pipeline=Multistage(stages=3))
+    return Schedule("multistage_small", tile_m=64, tile_n=128, tile_k=tile_k, warps_m=2, warps_n=2,
+                    pipeline=Multistage(stages=4))

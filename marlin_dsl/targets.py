@@ -95,10 +95,11 @@ def _cuda_lane_elements(role: str) -> tuple[np.ndarray, np.ndarray]:
 
 #: Apple GPUs: 8x8 simdgroup matrices, 32 KB of threadgroup memory (M-series).
 METAL = Target("metal", (8, 8, 8), warp_size=32, max_threads=1024, max_shared_bytes=32 * 1024)
-#: NVIDIA: mma.sync m16n8k16; 48 KB static shared memory per block without opt-in.
+#: NVIDIA: mma.sync m16n8k16. Shared memory per block: 48 KB statically, up to 163 KB (sm_80's
+#: opt-in maximum; sm_90 allows 227 KB) as one dynamic block that the launch requests.
 #: 2:4 sparse: mma.sp::ordered_metadata m16n8k32 (f16/bf16 in, f32 accumulate), whose
 #: register layout is backends/cuda_sparse_layout.py (checked on an H100).
-CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_bytes=48 * 1024,
+CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_bytes=163 * 1024,
               sparse_mma=(16, 8, 32))
 
 TARGETS = {t.name: t for t in (METAL, CUDA)}

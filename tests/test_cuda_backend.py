@@ -356,7 +356,7 @@ def test_rejects_what_cuda_cannot_express():
     with pytest.raises(CompileError, match="m16n8k16"):
         print_cuda(k8)
     big = Kernel("big", threads=32, grid=(GridDim(None),) * 3, body=Builder().blocks[0],
-                 buffers=[BufferParam("y", F32, "write")], shared=[SharedArray("s", F32, 16384)])
+                 buffers=[BufferParam("y", F32, "write")], shared=[SharedArray("s", F32, 64 * 1024)])
     with pytest.raises(CompileError, match="shared memory"):
         print_cuda(big)
 

@@ -107,6 +107,12 @@ def every_op_kernel() -> Kernel:
     fa16 = b.value("frag_build", [b.value("vec", [x0] * 8, VectorType(F16, 8))], FRAG_A, hint="fa")
     fb32 = b.value("frag_build", [x0] * 8, FragmentType("b", F16, 32, 8), hint="fb")
     b.value("mma_sp", [fa16, fb32, acc_end, tid], FRAG_C, {"selector": 1}, hint="acc")
+    b.value("frag_elems", [acc_end], VectorType(F32, 4), hint="ce")
+    # asynchronous copies: device x -> shared a_s, predicated and not, then commit and wait
+    b.op("async_copy", [zero, zero, p], attrs={"dst": "a_s", "src": "x", "size": 8})
+    b.op("async_copy", [four, four], attrs={"dst": "a_s", "src": "x", "size": 2})
+    b.op("async_commit")
+    b.op("async_wait", attrs={"pending": 0})
 
     # if without results, switch with results and a nested switch.
     with b.region() as then:

@@ -99,6 +99,29 @@ __all__ = ["CudaSource", "print_cuda", "cuda_type", "DIMS_NAME", "MLX_DEFAULT_HE
 #: The name of the input holding the launch scalars (the Metal printer's convention).
 DIMS_NAME = "dims"
 
+#: Static `__shared__` arrays may take this much; a kernel needing more gets one dynamic block
+#: (MLX's cuda_kernel opts the function in to large dynamic shared memory above 48000 bytes).
+STATIC_SHARED_BYTES = 48 * 1024
+DYNAMIC_SHARED_NAME = "mdsl_smem"
+
+
+def shared_offsets(kernel: Kernel) -> list[int]:
+    """Byte offset of each shared array in the dynamic block (16-byte aligned, for vectors)."""
+    out, at = [], 0
+    for s in kernel.shared:
+        out.append(at)
+        at += -(-s.nbytes // 16) * 16
+    return out
+
+
+def dynamic_shared_bytes(kernel: Kernel) -> int:
+    """Dynamic shared memory a launch requests: 0 when the arrays fit statically."""
+    if kernel.shared_bytes <= STATIC_SHARED_BYTES or not kernel.shared:
+        return 0
+    last = kernel.shared[-1]
+    return shared_offsets(kernel)[-1] + -(-last.nbytes // 16) * 16
+
+
 #: The text MLX puts before the header (mlx/backend/cuda/custom_kernel.cpp, `default_header`).
 MLX_DEFAULT_HEADER = """
 #include "mlx/backend/cuda/device/utils.cuh"
@@ -239,6 +262,8 @@ class CudaSource:
     #: readwrite buffers passed as inputs (see the module docstring).
     inout_inputs: list[str] = field(default_factory=list)
     shared_bytes: int = 0
+    #: bytes of dynamic shared memory the launch must request (0: the arrays are static)
+    dynamic_shared_bytes: int = 0
     #: the kernel's attrs that a launcher needs (tile, pipeline, parallel, format, activation...).
     attrs: dict = field(default_factory=dict)
 
@@ -321,7 +346,12 @@ class CudaSource:
 
         return mx.fast.cuda_kernel(name=name or self.name, input_names=list(self.input_names),
                                    output_names=list(self.output_names), source=self.body,
-                                   header=self.header)
+                                   header=self.header, **self.shared_memory_kwargs)
+
+    @property
+    def shared_memory_kwargs(self) -> dict:
+        """`shared_memory=` for mx.fast.cuda_kernel where the kernel uses dynamic shared memory."""
+        return {"shared_memory": self.dynamic_shared_bytes} if self.dynamic_shared_bytes else {}
 
     # ----- manifests (printed here, launched on a machine without the compiler) -------------
 
@@ -335,6 +365,8 @@ class CudaSource:
             "scalar_names": list(self.scalar_names), "access": dict(self.access),
             "inout_inputs": list(self.inout_inputs), "shared_bytes": self.shared_bytes,
             "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in self.attrs.items()},
+            # only where needed, so manifests of static-memory kernels keep their form
+            **({"dynamic_shared_bytes": self.dynamic_shared_bytes} if self.dynamic_shared_bytes else {}),
         }
 
     @classmethod
@@ -594,6 +626,24 @@ class _Printer(CPrinter):
             if elem not in (F16, BF16, F32):
                 raise CompileError(f"cuda: kernel {self.k.name}: frag_store to @{a['buffer']} of {elem}")
             self.emit(depth, f"mdsl::store_c<{int(a['ld'])}>({mem} + {ops[1]}, {ops[0]});")
+        elif n == "frag_elems":
+            t = op.operands[0].type
+            assert isinstance(t, FragmentType)
+            if t.role != "c":  # a and b fragments hold 16-bit pairs; only c's elements are needed
+                raise CompileError(f"cuda: kernel {self.k.name}: frag_elems of {t}")
+            elems = ", ".join(f"{ops[0]}.x[{i}]" for i in range(4))
+            self.declare(depth, op.result, f"{cuda_type(op.result.type)}{{{{{elems}}}}}")
+        elif n == "async_copy":
+            dst, _, _ = self.memory(str(a["dst"]))
+            src, elem, _ = self.memory(str(a["src"]))
+            nbytes = int(a["size"]) * elem.bits // 8
+            pred = ops[2] if len(ops) > 2 else "true"
+            # With a false predicate no byte is read (src-size 0): point at the buffer's start.
+            self.emit(depth, f"mdsl::cp_async<{nbytes}>(&{dst}[{ops[0]}], {pred} ? &{src}[{ops[1]}] : {src}, {pred});")
+        elif n == "async_commit":
+            self.emit(depth, "mdsl::cp_async_commit();")
+        elif n == "async_wait":
+            self.emit(depth, f"mdsl::cp_async_wait<{int(a['pending'])}>();")
         elif n == "mma":
             for v in (*op.operands, op.result):
                 cuda_type(v.type)
@@ -671,16 +721,22 @@ class _Printer(CPrinter):
         if k.threads > CUDA.max_threads or k.threads % CUDA.warp_size or k.threads < 1:
             raise CompileError(f"cuda: kernel {k.name}: {k.threads} threads per block; CUDA "
                                f"allows a multiple of {CUDA.warp_size} up to {CUDA.max_threads}")
-        if k.shared_bytes > CUDA.max_shared_bytes:
-            raise CompileError(f"cuda: kernel {k.name}: {k.shared_bytes} bytes of static shared memory, "
+        if max(k.shared_bytes, dynamic_shared_bytes(k)) > CUDA.max_shared_bytes:
+            raise CompileError(f"cuda: kernel {k.name}: {max(k.shared_bytes, dynamic_shared_bytes(k))} bytes of shared memory, "
                                f"over the limit of {CUDA.max_shared_bytes}")
         if "mma" in k.attrs and tuple(k.attrs["mma"]) != tuple(CUDA.mma):  # type: ignore[arg-type]
             raise CompileError(f"cuda: kernel {k.name} was lowered for MMA {k.attrs['mma']}, "
                                f"CUDA's is {CUDA.mma}")
         grid = ", ".join(str(d) for d in k.grid)
         self.emit(1, f"// {k.threads} threads per block, grid [{grid}] blocks")
-        for s in k.shared:
-            self.emit(1, f"__shared__ __align__(16) {_SCALAR[s.elem.name]} {s.name}[{s.size}];")
+        if k.shared_bytes <= STATIC_SHARED_BYTES:
+            for s in k.shared:
+                self.emit(1, f"__shared__ __align__(16) {_SCALAR[s.elem.name]} {s.name}[{s.size}];")
+        else:  # over the static limit: one dynamic block (MLX opts in), carved at 16-byte offsets
+            self.emit(1, f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED_NAME}[];")
+            for s, offset in zip(k.shared, shared_offsets(k)):
+                t = _SCALAR[s.elem.name]
+                self.emit(1, f"{t}* {s.name} = reinterpret_cast<{t}*>({DYNAMIC_SHARED_NAME} + {offset});")
         for n in self.inout:
             t = _SCALAR[self.buffers[n].elem.name]
             self.emit(1, f"{t}* {self.access_name[n]} = const_cast<{t}*>({n});")
@@ -708,7 +764,8 @@ class _Printer(CPrinter):
             input_names=inputs, output_names=outputs, elems=elems, threads=k.threads,
             grid=tuple(k.grid), scalar_names=[s.name for s in k.scalars],
             access={**{b.name: b.access for b in k.buffers}, DIMS_NAME: "read"},
-            inout_inputs=list(self.inout), shared_bytes=k.shared_bytes, attrs=attrs)
+            inout_inputs=list(self.inout), shared_bytes=k.shared_bytes, attrs=attrs,
+            dynamic_shared_bytes=dynamic_shared_bytes(k))
 
 
 def print_cuda(kernel: Kernel, inout_inputs: Iterable[str] = ()) -> CudaSource:

@@ -95,7 +95,7 @@ class CudaGemm:
             s = self.source
             self._kernel = _mx().fast.cuda_kernel(
                 name=self.name, input_names=list(s.input_names), output_names=list(s.output_names),
-                source=s.body, header=s.header)
+                source=s.body, header=s.header, **s.shared_memory_kwargs)
         return self._kernel
 
     def weights(self, packed) -> CudaWeights:

@@ -69,7 +69,8 @@ class InterpreterError(MarlinDSLError):
 
     `kind` is one of: bounds, uninitialised, race, shift, division, cast, divergent_barrier,
     collective, misaligned, access, loop, input, unsupported, metadata (sparse MMA metadata
-    the hardware leaves undefined). `op` is the offending op,
+    the hardware leaves undefined), async (shared memory accessed while an async_copy to it
+    is still in flight). `op` is the offending op,
     `result` the name of its first result (or None), `group` the (x, y, z) threadgroup,
     `thread` the thread index in its group (None for warp-level problems), `warp` its warp and
     `index` the memory index or offending operand value where there is one."""
@@ -239,9 +240,23 @@ class _Shared:
         self.rd_op = np.zeros(n, np.int64)
         self.scratch = np.zeros(n, np.int64)
         self.scratch2 = np.zeros(n, np.int8)
+        self.in_flight = np.zeros(n, bool)  # destination of an async_copy not yet waited for
 
 
 Fn = Callable[[_Mask], None]
+
+
+class _AsyncCopies:
+    """The copies one async_copy op issued in one execution, until async_waits retire them:
+    per copying thread (group gi, thread ti) its destination elements, the values read from
+    device memory at issue, and the index of the thread's group the copy belongs to."""
+
+    __slots__ = ("op", "op_id", "sh", "gi", "ti", "flat", "values", "group")
+
+    def __init__(self, op: Op, op_id: int, sh: _Shared, gi: np.ndarray, ti: np.ndarray,
+                 flat: np.ndarray, values: np.ndarray, group: np.ndarray) -> None:
+        self.op, self.op_id, self.sh = op, op_id, sh
+        self.gi, self.ti, self.flat, self.values, self.group = gi, ti, flat, values, group
 
 
 class _Machine:
@@ -274,6 +289,9 @@ class _Machine:
         self.shared = {s.name: _Shared(s, G) for s in kernel.shared}
         self.tables = {t.name: self._table(t) for t in kernel.tables}
         self.warp_epoch = np.zeros((G, W), np.int64)
+        # async copies: per thread, the groups committed so far; per issued copy a record
+        self.async_commits = np.zeros((G, T), np.int64)
+        self.async_pending: list[_AsyncCopies] = []
         # thread coordinates
         tid = np.broadcast_to(np.arange(T, dtype=np.uint32), (G, T))
         g = np.arange(G)
@@ -416,8 +434,18 @@ class _Machine:
                       int(gi[p]), int(ti[p]), index=int(ii[p]))
         return gi, ti, ii
 
+    def check_in_flight(self, op: Op, sh: _Shared, flat: np.ndarray, gi: np.ndarray, tid: np.ndarray,
+                        what: str) -> None:
+        busy = sh.in_flight[flat]
+        if busy.any():
+            p = int(np.argmax(busy))
+            self.fail("async", op, f"{what} shared @{sh.decl.name} element whose async_copy has not "
+                      "been retired by an async_wait", int(gi[p]), int(tid[p]),
+                      index=int(flat[p] - gi[p] * sh.size))
+
     def check_read(self, op: Op, op_id: int, sh: _Shared, flat: np.ndarray, gi: np.ndarray,
                    tid: np.ndarray, warp: np.ndarray, collective: bool) -> None:
+        self.check_in_flight(op, sh, flat, gi, tid, "reads")
         written = sh.written[flat]
         if not written.all():
             p = int(np.argmax(~written))
@@ -479,6 +507,7 @@ class _Machine:
 
     def check_write(self, op: Op, op_id: int, sh: _Shared, flat: np.ndarray, gi: np.ndarray,
                     tid: np.ndarray, warp: np.ndarray, collective: bool) -> None:
+        self.check_in_flight(op, sh, flat, gi, tid, "writes")
         n = len(flat)
         if n > 1:  # two writes of one element within this op
             pos = np.arange(n)
@@ -1053,6 +1082,103 @@ def _h_barrier(m: _Machine, op: Op) -> Fn:
     return run
 
 
+def _h_async_copy(m: _Machine, op: Op) -> Fn:
+    """Issue: read the source now, mark the destination in flight (any access before the
+    wait retires it is an error: on the hardware its contents are undefined until then)."""
+    dst, src, size = str(op.attrs["dst"]), str(op.attrs["src"]), int(op.attrs["size"])  # type: ignore[arg-type]
+    sh, buf = m.shared[dst], m.device[src]
+    S, n = sh.size, len(buf)
+    da, sa = m.slot(op.operands[0]), m.slot(op.operands[1])
+    pa = m.slot(op.operands[2]) if len(op.operands) > 2 else None
+    regs = m.regs
+    op_id = m.register_op(op)
+    lanes = np.arange(size, dtype=np.int64)
+
+    def run(mask: _Mask) -> None:
+        if not mask.any:
+            return
+        gi, ti = np.nonzero(mask.arr)
+        d = regs[da][gi, ti].astype(np.int64)
+        s_ = regs[sa][gi, ti].astype(np.int64)
+        p = regs[pa][gi, ti] if pa is not None else np.ones(len(gi), bool)
+        for what, idx, check in (("shared", d, np.ones(len(gi), bool)), ("device", s_, p)):
+            mis = check & (idx % size != 0)
+            if mis.any():
+                q = int(np.argmax(mis))
+                m.fail("misaligned", op, f"async_copy {what} index not a multiple of {size}",
+                       int(gi[q]), int(ti[q]), index=int(idx[q]))
+        bad = d + size > S
+        if bad.any():
+            q = int(np.argmax(bad))
+            m.fail("bounds", op, f"shared @{dst} index out of bounds (size {S})", int(gi[q]), int(ti[q]),
+                   index=int(d[q]))
+        bad = p & (s_ + size > n)
+        if bad.any():
+            q = int(np.argmax(bad))
+            m.fail("bounds", op, f"@{src} index out of bounds (size {n})", int(gi[q]), int(ti[q]),
+                   index=int(s_[q]))
+        safe = np.where(p, s_, 0)
+        values = np.where(p[:, None], buf[safe[:, None] + lanes] if n else 0, 0).astype(buf.dtype)
+        flat = (gi * S + d)[:, None] + lanes
+        rep = np.repeat
+        m.check_write(op, op_id, sh, flat.reshape(-1), rep(gi, size), rep(ti, size), rep(ti // m.ws, size), False)
+        sh.in_flight[flat] = True
+        m.async_pending.append(_AsyncCopies(op, op_id, sh, gi, ti, flat, values,
+                                            m.async_commits[gi, ti].copy()))
+    return run
+
+
+def _h_async_commit(m: _Machine, op: Op) -> Fn:
+    def run(mask: _Mask) -> None:
+        m.async_commits[mask.arr] += 1
+    return run
+
+
+def _h_async_wait(m: _Machine, op: Op) -> Fn:
+    """Retire, for each active thread, its copies in committed groups older than the
+    `pending` most recent: they land now, as writes by the issuing thread."""
+    pending = int(op.attrs["pending"])  # type: ignore[arg-type]
+
+    def run(mask: _Mask) -> None:
+        keep: list[_AsyncCopies] = []
+        for rec in m.async_pending:
+            done = mask.arr[rec.gi, rec.ti] & (rec.group < m.async_commits[rec.gi, rec.ti] - pending)
+            if done.any():
+                flat = rec.flat[done]
+                size = flat.shape[1]
+                rec.sh.in_flight[flat] = False
+                gi, ti = np.repeat(rec.gi[done], size), np.repeat(rec.ti[done], size)
+                m.check_write(rec.op, rec.op_id, rec.sh, flat.reshape(-1), gi, ti, ti // m.ws, False)
+                rec.sh.data[flat] = rec.values[done]
+            if not done.all():
+                rest = ~done
+                keep.append(_AsyncCopies(rec.op, rec.op_id, rec.sh, rec.gi[rest], rec.ti[rest],
+                                         rec.flat[rest], rec.values[rest], rec.group[rest]))
+        m.async_pending = keep
+    return run
+
+
+def _h_frag_elems(m: _Machine, op: Op) -> Fn:
+    """Gather every lane's elements from the warp's tile through the target's lane layout."""
+    from ..targets import TARGETS
+
+    t = op.operands[0].type
+    assert isinstance(t, FragmentType)
+    rows, cols = TARGETS[str(m.kernel.attrs["target"])].lane_elements(t.role, t.rows, t.cols)  # type: ignore[misc]
+    if rows.shape[0] != m.ws:
+        raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: the lane layout is for "
+                               f"{rows.shape[0]} lanes, warps have {m.ws}", kind="unsupported", op=op)
+    fa, r = m.slot(op.operands[0]), m.slot(op.result)
+    regs = m.regs
+    G, T = m.G, m.T
+
+    def run(mask: _Mask) -> None:
+        _warps(m, op, mask)
+        frag = regs[fa]  # [G, W, rows, cols]
+        regs[r] = frag[:, :, rows, cols].reshape(G, T, rows.shape[1])
+    return run
+
+
 def _h_fence(m: _Machine, op: Op) -> Fn:
     def run(mask: _Mask) -> None:
         pass
@@ -1421,5 +1547,7 @@ _HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
     "load": _h_load, "vload": _h_load, "extract": _h_extract, "store": _h_store,
     "atomic_add": _h_atomic_add, "table": _h_table, "barrier": _h_barrier, "fence": _h_fence,
     "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_build": _h_frag_build, "vec": _h_vec, "frag_store": _h_frag_store,
+    "frag_elems": _h_frag_elems, "async_copy": _h_async_copy, "async_commit": _h_async_commit,
+    "async_wait": _h_async_wait,
     "mma": _h_mma, "mma_sp": _h_mma_sp, "for": _h_for, "if": _h_if, "switch": _h_switch,
 }

@@ -211,6 +211,48 @@ def _frag_store(op: Op, kernel: Kernel) -> str | None:
     return None if op.operands[1].type == U32 else "fragment offset must be u32"
 
 
+def _async_copy(op: Op, kernel: Kernel) -> str | None:
+    try:
+        dst, src = kernel.symbol(str(op.attrs["dst"])), kernel.symbol(str(op.attrs["src"]))
+    except KeyError as e:
+        return f"unknown memory @{e.args[0]}"
+    if not isinstance(dst, SharedArray):
+        return f"async_copy writes a shared array, @{dst.name} is not one"
+    if not isinstance(src, BufferParam):
+        return f"async_copy reads a device buffer, @{src.name} is not one"
+    if dst.elem != src.elem:
+        return f"async_copy from @{src.name} ({src.elem}) to @{dst.name} ({dst.elem}): element types differ"
+    size = op.attrs["size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size * dst.elem.bits not in (32, 64, 128):
+        return f"async_copy moves 4, 8 or 16 bytes: size {size!r} of {dst.elem} is not"
+    if any(v.type != U32 for v in op.operands[:2]):
+        return "async_copy indices (shared, device) must be u32"
+    if len(op.operands) > 2 and op.operands[2].type != BOOL:
+        return "predicate must be bool"
+    return None
+
+
+def _async_wait(op: Op, _: Kernel) -> str | None:
+    n = op.attrs["pending"]
+    return None if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 7 else \
+        f"async_wait pending must be an integer 0..7, got {n!r}"
+
+
+def _frag_elems(op: Op, kernel: Kernel) -> str | None:
+    from ..targets import TARGETS
+
+    t = op.operands[0].type
+    if not isinstance(t, FragmentType):
+        return "frag_elems takes a fragment"
+    target = TARGETS.get(str(kernel.attrs.get("target")))
+    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
+    if layout is None:
+        return (f"frag_elems needs the lane layout of {t} on the kernel's target "
+                f"{kernel.attrs.get('target')!r}, which declares none")
+    want = VectorType(t.elem, int(layout[0].shape[1]))
+    return None if op.result.type == want else f"frag_elems of {t} gives {want}, not {op.result.type}"
+
+
 def _memory_name(op: Op, kernel: Kernel) -> str | None:
     try:
         decl = kernel.symbol(str(op.attrs["buffer"]))
@@ -379,6 +421,21 @@ _define(
               "the order the target's lane layout gives them (Target.lane_elements)"),
     OpDef("frag_store", (2, 2), ("buffer", "ld"), writes_memory=True, collective=True,
           rule=_frag_store),
+    OpDef("frag_elems", (1, 1), results=(1, 1), collective=True, rule=_frag_elems,
+          doc="this lane's elements of a fragment as a vector, in the order of the target's lane "
+              "layout (the inverse of frag_build)"),
+    # Asynchronous copies name their memories `dst`/`src`, not `buffer`, so the dependence
+    # graph treats them as barriers (they write shared memory and read device memory).
+    OpDef("async_copy", (2, 3), ("dst", "src", "size"), writes_memory=True, reads_memory=True,
+          rule=_async_copy,
+          doc="start copying size elements (4, 8 or 16 bytes) of device @src[src_index] to shared "
+              "@dst[dst_index], zeros where the predicate is false; the destination is undefined "
+              "until an async_wait retires the copy's group"),
+    OpDef("async_commit", (0, 0), writes_memory=True,
+          doc="close this thread's open group of async copies"),
+    OpDef("async_wait", (0, 0), ("pending",), writes_memory=True, rule=_async_wait,
+          doc="wait until at most `pending` of this thread's committed groups are in flight; the "
+              "retired copies are visible to this thread, to others after a barrier"),
     OpDef("mma", (3, 3), results=(1, 1), collective=True, rule=_mma, doc="c + a @ b"),
     OpDef("mma_sp", (4, 4), ("selector",), results=(1, 1), collective=True, rule=_mma_sp,
           doc="c + decompress(a, meta) @ b: 2:4 sparse a, compressed to half its columns; meta is "

@@ -17,7 +17,7 @@ from ..ir import (
     F32, U32, Block, BufferParam, Builder, FragmentType, GridDim, Kernel, ScalarParam,
     ScalarType, SharedArray, Value, verify,
 )
-from ..schedule import DoubleBuffered, FusedDequant, Gemm, StripedKParallel, WeightStream
+from ..schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, StripedKParallel, WeightStream
 from ..targets import Target
 from .decode import UnitDecoder, UnitInputs, encoding_tables
 
@@ -398,6 +398,10 @@ class GemmLowering:
 
 def lower_gemm(gemm: Gemm, target: Target) -> Kernel:
     """Lower one Gemm to verified kernel IR for `target`."""
+    if isinstance(gemm.schedule.pipeline, Multistage):
+        from .multistage import MultistageLowering
+
+        return MultistageLowering(gemm, target).lower()
     if isinstance(gemm.schedule.pipeline, WeightStream):
         from .stream import StreamLowering
 

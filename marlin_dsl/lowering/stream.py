@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import CompileError
 from ..formats import NMSparsity
 from ..ir import F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, ScalarParam, ScalarType, SharedArray, Value, VectorType, verify
-from ..schedule import WeightStream
+from ..schedule import Multistage, WeightStream
 from .decode import encoding_tables
 from .gemm import GemmLowering
 from .pair_decode import PairDecoder
@@ -46,7 +46,7 @@ def lane_base_and_offsets(table: np.ndarray, what: str) -> tuple[tuple[int, ...]
 class StreamLowering(GemmLowering):
     def __init__(self, gemm, target) -> None:
         super().__init__(gemm, target)
-        assert isinstance(self.pipeline, WeightStream)
+        assert isinstance(self.pipeline, (WeightStream, Multistage))  # Multistage: see multistage.py
         self.layout = stream_layout(self.fmt, target, self.s.location)
         self.pairs = PairDecoder(self.b, self.fmt, self.act)
         mm, mn, mk = target.mma
@@ -281,7 +281,6 @@ class StreamLowering(GemmLowering):
         k_vec0 = self.op2("mul", kv, lay.dense_chunk, hint="kb")
         words, meta, params = self.unpack_fetched(fetched)
         new = list(accs)
-        pairs_per_tile = lay.per_lane // 2
         runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
         for s_ in range(lay.tiles):
             k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
@@ -291,13 +290,7 @@ class StreamLowering(GemmLowering):
                 b_frags = [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]
             for j in range(self.nsub):
                 rp = params[j] if params is not None else self.row_params(j, k_tile0)
-                parts = []
-                for p_ in range(pairs_per_tile):
-                    word, shift = lay.pair_slot(s_ * pairs_per_tile + p_)
-                    w = b.value("extract", [words[j]], U32, {"index": word}, hint="w")
-                    scale, zero = rp[self.a_row_off[2 * p_]]
-                    parts.append(self.pairs.dequant(w, shift, scale, zero))
-                a = b.value("frag_build", parts, self.frag_a, hint="fa")
+                a = self.a_fragment(words[j], s_, rp)
                 if self.sparse:
                     m_word = meta[j] if lay.meta_words == 1 else \
                         b.value("extract", [meta[j]], U32, {"index": s_ // 2}, hint="mw")
@@ -309,6 +302,19 @@ class StreamLowering(GemmLowering):
                     else:
                         new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
         return new
+
+    def a_fragment(self, words: Value, tile: int, params: dict[int, tuple[Value, Value | None]]) -> Value:
+        """K tile `tile`'s A fragment, decoded pair by pair from a lane's vector of words with
+        the scale (and zero point) of each row offset."""
+        b, lay = self.b, self.layout
+        pairs_per_tile = lay.per_lane // 2
+        parts = []
+        for p_ in range(pairs_per_tile):
+            word, shift = lay.pair_slot(tile * pairs_per_tile + p_)
+            w = b.value("extract", [words], U32, {"index": word}, hint="w")
+            scale, zero = params[self.a_row_off[2 * p_]]
+            parts.append(self.pairs.dequant(w, shift, scale, zero))
+        return b.value("frag_build", parts, self.frag_a, hint="fa")
 
     def reduce_and_store(self, accs: list[Value], wk: Value, wn: Value) -> None:
         b, s = self.b, self.s
