@@ -37,12 +37,12 @@ from marlin_dsl.compiler import compile_gemm  # noqa: E402
 PIPELINES = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
              "striped": lambda: StripedKParallel(parallel=2, groups=132),
              "weight_stream": None, "weight_stream_m16": None, "weight_stream_m16_long_k": None,
-             "weight_stream_m64": None, "weight_stream_m64_wide_n": None,
+             "weight_stream_m64": None,
              "multistage_small": None, "multistage_large": None}
 #: (M, K, N) each weight-stream kernel is scheduled for (`marlin_dsl.schedule.stream_schedule`)
 STREAM_M = {"weight_stream": (1, None, None), "weight_stream_m16": (16, None, None),
             "weight_stream_m16_long_k": (16, 14336, 4096), "weight_stream_m64": (64, None, None),
-            "weight_stream_m64_wide_n": (64, 4096, 14336), "multistage_small": (256, 4096, 4096),
+            "multistage_small": (256, 4096, 4096),
             "multistage_large": (2048, 4096, 4096)}
 
 

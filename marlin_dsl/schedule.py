@@ -256,7 +256,7 @@ def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | 
     # From ncu on an H100 (bench/results/gpu/ncu_kshuffle_probe_h100_2026-11-22.json and
     # ncu_large_m_probe_h100_2026-11-22.json): 16 warps splitting K win at M <= 8 (more loads
     # in flight); at M <= 16 they win where K > N (few N tiles to spread), 8 warps elsewhere;
-    # up to 64 rows, 32-row tiles (64 where N > K); beyond, the multistage pipeline.
+    # up to 64 rows, 32-row tiles where N <= K.
     wide_n = k is not None and n is not None and n > k
     if m <= 8:
         return make("stream_m8", 8, 16)
@@ -264,8 +264,12 @@ def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | 
         if k is not None and n is not None and k > n:
             return make("stream_m16_long_k", 16, 16, depth=2)
         return make("stream_m16", 16, 8)
-    if m <= 64:
-        return make("stream_m64_wide_n", 64, 4) if wide_n else make("stream_m32", 32, 8)
+    if m <= 64 and not wide_n:
+        return make("stream_m32", 32, 8)
+    # Beyond 64 rows, and from 17 where N > K, the multistage pipeline
+    # (bench/results/gpu/ncu_m64_m128_probe_h100_2026-11-22.json: at M = 64 on 4096 x 14336
+    # its 64 x 128 tiles take 67 us for fp4 and 49 us for fp4 2:4, the weight-stream 64-row
+    # tiles 78 and 166 us; where N <= K the weight-stream tiles stay ahead: 82 vs 213 us).
     return multistage_schedule(fmt, m, target, k, n)
 
 
