@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--activations", nargs="*", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="two shapes only (M=7 and the tail)")
+    ap.add_argument("--shapes", default=None, metavar="MxNxK,...", help="only these problem shapes")
     ap.add_argument("--time", type=int, default=0, metavar="N", help="also time each kernel (N launches)")
     ap.add_argument("--verbose-kernel", action="store_true", help="MLX prints each generated source")
     args = ap.parse_args(argv)
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if not entries:
         log("no kernels selected")
         return 2
-    shapes = problem_shapes(args.quick)
+    shapes = problem_shapes(args.quick) if args.shapes is None else \
+        [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rng = np.random.default_rng(args.seed)
     results = []
     failures = 0
