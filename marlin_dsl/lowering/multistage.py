@@ -236,26 +236,6 @@ class MultistageLowering(StreamLowering):
 
     # ----- compute -------------------------------------------------------------------------
 
-    def fetch_params(self, kv: Value) -> list[Value]:
-        k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
-        out: list[Value] = []
-        for j in range(self.nsub):
-            for scale, zero in self.row_params(j, k_vec0).values():
-                out += [scale] + ([zero] if zero is not None else [])
-        return out
-
-    def unpack_params(self, flat: list[Value]) -> list[dict]:
-        rest = iter(flat)
-        params = []
-        for _ in range(self.nsub):
-            per_row = {}
-            for off in sorted(set(self.a_row_off)):
-                scale = next(rest)
-                zero = next(rest) if self.fmt.zero_point is not None else None
-                per_row[off] = (scale, zero)
-            params.append(per_row)
-        return params
-
     def compute(self, kv: Value, slot: Value, flat_params: list[Value], accs: list[Value]) -> list[Value]:
         b, lay = self.b, self.layout
         lanes = lay.lanes

@@ -151,19 +151,21 @@ class StreamLowering(GemmLowering):
         if self.sparse:
             out += [self.load_meta(j, kv) for j in range(self.nsub)]
         if self.prefetch_params:
-            k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
-            for j in range(self.nsub):
-                for scale, zero in self.row_params(j, k_vec0).values():
-                    out += [scale] + ([zero] if zero is not None else [])
+            out += self.fetch_params(kv)
         return out
 
-    def unpack_fetched(self, fetched: list[Value]) -> tuple[list[Value], list[Value], list[dict] | None]:
-        words = fetched[:self.nsub]
-        used = 2 * self.nsub if self.sparse else self.nsub
-        meta = fetched[self.nsub:used]
-        if not self.prefetch_params:
-            return words, meta, None
-        rest = iter(fetched[used:])
+    def fetch_params(self, kv: Value) -> list[Value]:
+        """Step kv's scales (and zero points) of every N tile and row offset, flat."""
+        k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+        out: list[Value] = []
+        for j in range(self.nsub):
+            for scale, zero in self.row_params(j, k_vec0).values():
+                out += [scale] + ([zero] if zero is not None else [])
+        return out
+
+    def unpack_params(self, flat) -> list[dict]:
+        """fetch_params' flat values back as [N tile]{row offset: (scale, zero)}."""
+        rest = iter(flat)
         params = []
         for _ in range(self.nsub):
             per_row = {}
@@ -172,7 +174,15 @@ class StreamLowering(GemmLowering):
                 zero = next(rest) if self.fmt.zero_point is not None else None
                 per_row[off] = (scale, zero)
             params.append(per_row)
-        return words, meta, params
+        return params
+
+    def unpack_fetched(self, fetched: list[Value]) -> tuple[list[Value], list[Value], list[dict] | None]:
+        words = fetched[:self.nsub]
+        used = 2 * self.nsub if self.sparse else self.nsub
+        meta = fetched[self.nsub:used]
+        if not self.prefetch_params:
+            return words, meta, None
+        return words, meta, self.unpack_params(fetched[used:])
 
     def load_meta(self, j: int, kv: Value) -> Value:
         """One lane's sparse-MMA metadata words for N tile j and K vector kv (one per tile pair)."""
