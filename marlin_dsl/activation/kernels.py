@@ -1,0 +1,158 @@
+"""The "cuda" backend of `activation.ops`: the sparsify and sparse-GEMM kernels lowered from
+IR, printed as CUDA and launched through `mx.fast.cuda_kernel`.
+
+Same interface as the "mlx" backend (`ops._MLXBackend`): `sparsify(x, spec, seed, target)` and
+`sparse_matmul(s, b)`. The weights-side B operand is converted to the GEMM's fragment layout
+with MLX ops (pad, reshape, one gather derived from the target's lane table) on every call, so
+B may be an activation (a weight gradient's dY) as well as a weight.
+
+Metal: the kernels print and are verified on the Metal CPU harness (`tests/test_sparsify_kernels.py`),
+but launching them through `mx.fast.metal_kernel` is not wired: there is no Apple GPU here to
+check it on, so the "metal" backend raises and "auto" falls back to MLX ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..backends.cuda import CudaSource, print_cuda
+from ..ir import Kernel
+from ..lowering.sparse_gemm import b_lane_order, lower_sparse_gemm
+from ..lowering.sparsify import launch_scalars, lower_sparsify
+from .layout import ROW_TILE, ActivationLayout
+from .reference import mvue_key, operand_shape
+from .spec import SparsifyError, SparsifySpec
+
+#: Targets whose kernels this module launches (`ops.resolve_backend` reads it).
+SUPPORTED_TARGETS = ("cuda",)
+_MX_DTYPE = {"f16": mx.float16, "bf16": mx.bfloat16}
+_ELEM_DTYPE = {"f16": mx.float16, "bf16": mx.bfloat16, "u32": mx.uint32, "f32": mx.float32}
+
+
+class CudaLaunch:
+    """One printed kernel bound to `mx.fast.cuda_kernel` (any kernel, not only GEMMs)."""
+
+    def __init__(self, kernel: Kernel, inout_inputs: tuple[str, ...] = ()) -> None:
+        self.source: CudaSource = print_cuda(kernel, inout_inputs=inout_inputs)
+        s = self.source
+        self.name = f"{s.name}_{s.digest[:12]}"
+        self._kernel = mx.fast.cuda_kernel(name=self.name, input_names=list(s.input_names),
+                                           output_names=list(s.output_names), source=s.body,
+                                           header=s.header, **s.shared_memory_kwargs)
+
+    def __call__(self, arrays: dict[str, mx.array], out_shapes: dict[str, tuple[int, ...]],
+                 scalars: dict[str, int], init_value: float | None = None) -> dict[str, mx.array]:
+        s = self.source
+        grid, threadgroup = s.launch_dims(scalars)
+        inputs = [mx.array(s.dims(scalars)) if n == "dims" else arrays[n] for n in s.input_names]
+        outs = self._kernel(inputs=inputs, output_shapes=[out_shapes[n] for n in s.output_names],
+                            output_dtypes=[_ELEM_DTYPE[s.elems[n]] for n in s.output_names],
+                            grid=grid, threadgroup=threadgroup, init_value=init_value)
+        return dict(zip(s.output_names, outs))
+
+
+@lru_cache(maxsize=None)
+def _sparsify_launch(spec: SparsifySpec) -> CudaLaunch:
+    return CudaLaunch(lower_sparsify(spec, "cuda"))
+
+
+@lru_cache(maxsize=None)
+def _gemm_launch(dtype: str) -> CudaLaunch:
+    return CudaLaunch(lower_sparse_gemm(dtype, "cuda"))
+
+
+@dataclass(frozen=True)
+class BoundLayout:
+    """A layout with the element type of its values: what `SparseActivation.layout` holds."""
+
+    layout: ActivationLayout
+    dtype: str
+
+    def decode_mx(self, values: mx.array, metadata: mx.array) -> tuple[mx.array, mx.array]:
+        """(dense S [P, L], kept mask [P, L]) from the physical arrays, with MLX ops."""
+        return _decode_mx(self.layout, self.dtype, values, metadata)
+
+
+def _mx_lookup(table: np.ndarray, flat_index: mx.array) -> mx.array:
+    return mx.take(mx.array(table.ravel().astype(np.uint32)), flat_index)
+
+
+def _decode_mx(layout: ActivationLayout, dtype: str, values: mx.array, metadata: mx.array) -> tuple[mx.array, mx.array]:
+    """The layout's index maps evaluated on the device (no host index arrays), then gathers."""
+    pp, groups = layout.pp, layout.lp // 4
+    rows = mx.arange(pp, dtype=mx.uint32)[:, None]
+    cols = mx.arange(groups, dtype=mx.uint32)[None, :]     # pair index = group index here
+    value_idx = layout.value_word_index(rows, cols, _mx_lookup)
+    mt, r = rows // ROW_TILE, rows % ROW_TILE
+    word_idx = layout.meta_word_index(mt, cols // 8, r % 8, (cols % 8) // 4, _mx_lookup)
+    shift = 16 * (r // 8) + 4 * (cols % 4)
+    words = mx.take(values.reshape(-1), value_idx.reshape(-1))
+    vals = mx.view(words, _MX_DTYPE[dtype]).reshape(pp, groups, 2)         # slot 0 = low half
+    nib = (mx.take(metadata.reshape(-1), word_idx.reshape(-1)).reshape(pp, groups) >> shift) & 0xF
+    pos = mx.arange(4, dtype=mx.uint32)
+    hit0 = (nib & 3)[..., None] == pos
+    hit1 = (nib >> 2)[..., None] == pos
+    zero = mx.zeros((), _MX_DTYPE[dtype])
+    dense = mx.where(hit0, vals[..., 0:1], mx.where(hit1, vals[..., 1:2], zero)).reshape(pp, layout.lp)
+    mask = (hit0 | hit1).reshape(pp, layout.lp)
+    p, length = layout.p, layout.length
+    return dense[:p, :length], mask[:p, :length]
+
+
+def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_value: int = 0) -> Any:
+    """Run the sparsify kernel on X [R, C] (`x`, already in the spec's type). `init_value`
+    pre-fills every output (checks pass a nonzero pattern to see unwritten words; the column
+    counts are corrected for it)."""
+    from .ops import SparseActivation
+
+    if target != "cuda":
+        raise SparsifyError(f"backend {target!r}: the activation kernels launch on CUDA only "
+                            f"(the Metal kernels are checked on the CPU harness; use 'mlx')")
+    shape = (int(x.shape[0]), int(x.shape[1]))
+    layout = ActivationLayout("cuda", *operand_shape(shape, spec.axis))
+    launch = _sparsify_launch(spec)
+    scalars = launch_scalars(spec, layout, shape, int(mvue_key(seed)))
+    outs = {"values": (layout.value_words,), "meta": (layout.meta_words,), "colz": (shape[1],)}
+    got = launch({"x": x}, outs, scalars, init_value=float(init_value))
+    col_zeros = got.get("colz")
+    if col_zeros is not None and init_value:
+        col_zeros = col_zeros - mx.array(init_value, mx.uint32)
+    activation = x
+    if spec.relu2:  # the dense activation for the backward pass (the kernel streams it)
+        r = mx.maximum(x.astype(mx.float32), 0.0)
+        activation = (r * r).astype(x.dtype)
+    return SparseActivation(spec, seed, shape, (layout.p, layout.length), activation,
+                            col_zeros, backend="cuda", values=got["values"], metadata=got["meta"],
+                            layout=BoundLayout(layout, spec.dtype))
+
+
+@lru_cache(maxsize=8)
+def _b_gather(target: str) -> mx.array:
+    ks, ns = b_lane_order(target)
+    return mx.array((ks * 8 + ns).reshape(-1).astype(np.uint32))
+
+
+def pack_b_mx(b: mx.array, target: str = "cuda") -> mx.array:
+    """B [L, N] -> the sparse GEMM's fragment layout as flat u32 words (MLX ops)."""
+    length, n = int(b.shape[0]), int(b.shape[1])
+    kt, nt = -(-length // 32), -(-n // 8)
+    padded = mx.pad(b, [(0, kt * 32 - length), (0, nt * 8 - n)])
+    tiles = padded.reshape(kt, 32, nt, 8).transpose(0, 2, 1, 3).reshape(kt, nt, 256)
+    frag = mx.take(tiles, _b_gather(target), axis=2)                    # [KT, NT, lane * 8 + e]
+    return mx.view(mx.contiguous(frag).reshape(-1), mx.uint32)
+
+
+def sparse_matmul(s: Any, b: mx.array, *, init_value: float | None = None) -> mx.array:
+    """C = S @ B [P, N] on the sparse tensor cores."""
+    layout: ActivationLayout = s.layout.layout
+    if b.dtype != _MX_DTYPE[s.spec.dtype]:
+        b = b.astype(_MX_DTYPE[s.spec.dtype])
+    n = int(b.shape[1])
+    scalars = {"P": layout.p, "N": n, "KT": layout.k_tiles, "PAIRS": layout.pp // 32, "NT": -(-n // 8)}
+    got = _gemm_launch(s.spec.dtype)({"values": s.values, "meta": s.metadata, "bp": pack_b_mx(b)},
+                                     {"y": (layout.p, n)}, scalars, init_value=init_value)
+    return got["y"]

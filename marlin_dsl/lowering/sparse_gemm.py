@@ -1,0 +1,172 @@
+"""Lowering of the GEMM that consumes a run-time sparsified operand: C = S @ B on a target with
+a 2:4 sparse MMA (CUDA's `mma.sp` m16n8k32), S [P, L] in the "cuda_mma_sp" activation layout
+(`activation/layout.py`), B [L, N] dense in the matching fragment layout (`pack_b`).
+
+A threadgroup of 4 warps computes a 64 x 128 tile of C; a warp owns 32 rows (one tile pair:
+one metadata word per lane feeds both tiles, selectors 0 and 1) x 64 columns (8 n8 tiles).
+Each K step (32 logical columns) a lane makes one 16-byte load per A tile, one 4-byte metadata
+load and one 16-byte load per B tile, and issues 16 `mma_sp`; the next step's loads are issued
+before the current step's MMAs (registers carried through the loop), so memory latency hides
+behind tensor work. C is stored from the accumulators' own lane elements (`frag_elems`).
+
+Launch scalars: P, N (C's shape), KT (K tiles of 32), PAIRS (tile pairs of S, Pp / 32), NT
+(n8 tiles of the packed B).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CompileError
+from ..ir import BF16, F16, F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, ScalarParam, Value, VectorType, verify
+from ..ir.builder import Builder
+from ..targets import TARGETS
+
+THREADS = 128
+TILE_M, TILE_N = 64, 128
+WARP_N_TILES = 8
+SCALARS = ("P", "N", "KT", "PAIRS", "NT")
+#: A valid metadata word (every nibble 0b0100) for tile pairs past the end of S.
+IDLE_META = 0x44444444
+
+
+def b_lane_order(target: str) -> tuple[np.ndarray, np.ndarray]:
+    """(k[lane, e], n[lane, e]): the B element each lane's e-th half holds, from the target."""
+    lanes = TARGETS[target].lane_elements("b", 32, 8)
+    if lanes is None:
+        raise CompileError(f"{target}: no lane table for the sparse MMA's B fragment")
+    return lanes
+
+
+def pack_b(b: np.ndarray, target: str = "cuda") -> np.ndarray:
+    """B [L, N] (float32 holding f16/bf16 values) -> [KT, NT, 32 lanes, 8] in fragment order,
+    zero padded to whole tiles; the kernel reads one lane's 8 halves as one 16-byte vector."""
+    length, n = b.shape
+    kt, nt = -(-length // 32), -(-n // 8)
+    padded = np.zeros((kt * 32, nt * 8), b.dtype)
+    padded[:length, :n] = b
+    ks, ns = b_lane_order(target)
+    tiles = padded.reshape(kt, 32, nt, 8).transpose(0, 2, 1, 3)      # [KT, NT, 32, 8]
+    return tiles[:, :, ks, ns]                                       # [KT, NT, lane, e]
+
+
+def lower_sparse_gemm(dtype: str, target: str = "cuda") -> Kernel:
+    t = TARGETS[target]
+    if t.sparse_mma != (16, 8, 32):
+        raise CompileError(f"{target}: no m16n8k32 sparse MMA; the sparse activation GEMM needs one")
+    kernel = _Lowering(dtype, target).lower()
+    verify(kernel)
+    return kernel
+
+
+class _Lowering:
+    def __init__(self, dtype: str, target: str) -> None:
+        self.target = TARGETS[target]
+        self.act = F16 if dtype == "f16" else BF16
+        self.dtype = dtype
+        self.b = Builder()
+        self.frag_a = FragmentType("a", self.act, 16, 16)
+        self.frag_b = FragmentType("b", self.act, 32, 8)
+        self.frag_c = FragmentType("c", F32, 16, 8)
+
+    def op(self, name: str, a: Value, x: Value | int, hint: str = "v") -> Value:
+        return self.b.binary(name, a, x, hint=hint)
+
+    def lower(self) -> Kernel:
+        b = self.b
+        s = {n: b.scalar(n) for n in SCALARS}
+        self.s = s
+        lane, warp = b.index("lane"), b.index("warp")
+        gx, gy = b.index("group_x"), b.index("group_y")
+        self.lane = lane
+        self.pair = self.op("add", self.op("mul", gy, 2, hint="q"), self.op("div", warp, 2, hint="q"), hint="q")
+        self.nt0 = self.op("add", self.op("mul", gx, TILE_N // 8, hint="nt"),
+                           self.op("mul", self.op("rem", warp, 2, hint="nt"), WARP_N_TILES, hint="nt"), hint="nt")
+        self.pair_ok = self.op("lt", self.pair, s["PAIRS"], hint="qok")
+        self.n_ok = [self.op("lt", self.op("add", self.nt0, j, hint="ntj"), s["NT"], hint="nok")
+                     for j in range(WARP_N_TILES)]
+        zero = b.op("frag_zero", [], [self.frag_c], hint="z").result
+        accs = [zero] * (2 * WARP_N_TILES)
+        first = self.fetch(b.const(0), self.op("lt", b.const(0), s["KT"], hint="has"))
+        kt = b.fresh("kt", U32)
+        carried_acc = [b.fresh("acc", self.frag_c) for _ in accs]
+        carried_ld = [b.fresh("ld", v.type) for v in first]
+        loop = b.op("for", [b.const(0), s["KT"], b.const(1), *accs, *first],
+                    [self.frag_c] * len(accs) + [v.type for v in first], hint="acc")
+        with b.region([kt, *carried_acc, *carried_ld]) as body:
+            loop.regions.append(body)
+            nxt = self.op("add", kt, 1, hint="nk")
+            fetched = self.fetch(nxt, self.op("lt", nxt, s["KT"], hint="has"))
+            new = self.compute(carried_acc, carried_ld)
+            b.yield_(*new, *fetched)
+        self.store(loop.results[:len(accs)])
+        c_rows, c_cols = self.target.lane_elements("c", 16, 8)  # type: ignore[misc]
+        tables = [ConstTable("c_row", U32, tuple(int(v) for v in c_rows.ravel())),
+                  ConstTable("c_col", U32, tuple(int(v) for v in c_cols.ravel()))]
+        return Kernel(
+            name=f"sparse_act_gemm_{self.dtype}", threads=THREADS,
+            grid=(GridDim("N", TILE_N), GridDim("P", TILE_M), GridDim(None)), body=b.blocks[0],
+            warp_size=self.target.warp_size,
+            buffers=[BufferParam("values", U32, "read"), BufferParam("meta", U32, "read"),
+                     BufferParam("bp", U32, "read"), BufferParam("y", self.act, "write")],
+            scalars=[ScalarParam(n) for n in SCALARS], tables=tables,
+            attrs={"target": self.target.name, "kind": "sparse_act_gemm", "activation": self.dtype,
+                   "tile": [TILE_M, TILE_N, 32], "layout": "cuda_mma_sp"})
+
+    def fetch(self, kt: Value, has: Value) -> list[Value]:
+        """K step kt's loads: [A words of tile 0, tile 1, metadata word, B words x 8]."""
+        b, s = self.b, self.s
+        vec4 = VectorType(U32, 4)
+        out = []
+        for mt in (0, 1):
+            tile = self.op("add", self.op("mul", self.op("add", self.op("mul", self.pair, 2, hint="mt"), mt, hint="mt"),
+                                                s["KT"], hint="at"), kt, hint="at")
+            idx = self.op("add", self.op("mul", tile, 128, hint="ai"), self.op("mul", self.lane, 4, hint="ai"), hint="ai")
+            ok = self.op("and", has, self.pair_ok, hint="aok")
+            out.append(b.value("vload", [idx, ok], vec4, {"buffer": "values", "size": 4}, hint="aw"))
+        midx = self.op("add", self.op("mul", self.op("add", self.op("mul", self.pair, s["KT"], hint="mi"), kt, hint="mi"),
+                                      32, hint="mi"), self.lane, hint="mi")
+        mok = self.op("and", has, self.pair_ok, hint="mok")
+        word = b.load("meta", midx, U32, pred=mok, hint="mw")
+        out.append(b.select(mok, word, b.const(IDLE_META), hint="mw"))
+        row = self.op("mul", kt, s["NT"], hint="bt")
+        for j in range(WARP_N_TILES):
+            tile = self.op("add", row, self.op("add", self.nt0, j, hint="bt"), hint="bt")
+            idx = self.op("add", self.op("mul", tile, 128, hint="bi"), self.op("mul", self.lane, 4, hint="bi"), hint="bi")
+            ok = self.op("and", has, self.n_ok[j], hint="bok")
+            out.append(b.value("vload", [idx, ok], vec4, {"buffer": "bp", "size": 4}, hint="bw"))
+        return out
+
+    def frag(self, words: Value, frag_type: FragmentType) -> Value:
+        b = self.b
+        pairs = [b.bitcast(b.value("extract", [words], U32, {"index": i}, hint="w"), VectorType(self.act, 2), hint="hp")
+                 for i in range(4)]
+        return b.value("frag_build", pairs, frag_type, hint="fr")
+
+    def compute(self, accs: list[Value], loaded: list[Value]) -> list[Value]:
+        b = self.b
+        a = [self.frag(loaded[mt], self.frag_a) for mt in (0, 1)]
+        meta = loaded[2]
+        bs = [self.frag(loaded[3 + j], self.frag_b) for j in range(WARP_N_TILES)]
+        new = list(accs)
+        for j in range(WARP_N_TILES):
+            for mt in (0, 1):
+                i = j * 2 + mt
+                new[i] = b.value("mma_sp", [a[mt], bs[j], new[i], meta], self.frag_c, {"selector": mt}, hint="acc")
+        return new
+
+    def store(self, accs: list[Value]) -> None:
+        b, s = self.b, self.s
+        per = 4
+        for j in range(WARP_N_TILES):
+            for mt in (0, 1):
+                elems = b.value("frag_elems", [accs[j * 2 + mt]], VectorType(F32, per), hint="ce")
+                row0 = self.op("mul", self.op("add", self.op("mul", self.pair, 2, hint="r"), mt, hint="r"), 16, hint="r")
+                col0 = self.op("mul", self.op("add", self.nt0, j, hint="c"), 8, hint="c")
+                for e in range(per):
+                    ti = self.op("add", self.op("mul", self.lane, per, hint="ti"), e, hint="ti")
+                    r = self.op("add", row0, b.value("table", [ti], U32, {"name": "c_row"}, hint="cr"), hint="r")
+                    c = self.op("add", col0, b.value("table", [ti], U32, {"name": "c_col"}, hint="cc"), hint="c")
+                    ok = self.op("and", self.op("lt", r, s["P"], hint="p"), self.op("lt", c, s["N"], hint="p"), hint="p")
+                    v = b.value("extract", [elems], F32, {"index": e}, hint="yv")
+                    b.store("y", self.op("add", self.op("mul", r, s["N"], hint="yi"), c, hint="yi"),
+                            b.cast(v, self.act, hint="yv"), ok)

@@ -1,0 +1,286 @@
+"""Lowering of a `SparsifySpec` to a kernel: run-time 2:4 sparsification of an activation.
+
+One thread is one *unit* of the operand layout (`activation/layout.py`): rows (g, g + 8) of a
+16-row tile of S and 16 logical columns (four 2:4 groups), looping over `tiles_per_thread`
+tiles along X's rows, so that the per-column zero counts (`stats`) stay in registers and are
+published with one atomic add per column per thread. Per group it loads 4 elements (zero past
+the edges: the padding rule), optionally applies ReLU^2, selects two by the spec's method in
+float32 exactly as `activation/reference.py` does, and stores the pair as one u32 word plus
+its nibble into the unit's metadata word. Everything target specific is the layout's index
+maps; the printers see ordinary IR.
+
+Launch scalars: R, C (X's shape), P, L (S's shape), KT, MT (the layout's K and row tiles),
+HALF_L4 (pairs per S row, for the MVUE counter), KEY (lowbias32 of the MVUE seed), TASKS
+(threads to launch).
+"""
+from __future__ import annotations
+
+from ..activation.layout import ROW_TILE, ActivationLayout
+from ..activation.spec import SparsifySpec
+from ..ir import BF16, BOOL, F16, F32, U16, U32, BufferParam, ConstTable, GridDim, Kernel, ScalarParam, Value, verify
+from ..ir.builder import Builder
+from ..targets import TARGETS
+
+#: Threads per threadgroup of a sparsify kernel.
+THREADS = 256
+#: Tiles each thread walks along X's rows (amortises the statistics' atomics).
+TILES_PER_THREAD = 8
+SCALARS = ("R", "C", "P", "L", "KT", "MT", "HALF_L4", "KEY", "TASKS")
+_HASH_MUL = (0x7FEB352D, 0x846CA68B)
+
+
+def launch_scalars(spec: SparsifySpec, layout: ActivationLayout, shape: tuple[int, int], key: int) -> dict[str, int]:
+    """The launch scalars of a sparsify kernel for X of `shape` (R, C)."""
+    r, c = shape
+    loop_tiles = layout.m_tiles if spec.axis == 1 else layout.k_tiles
+    fixed_tiles = layout.k_tiles if spec.axis == 1 else layout.m_tiles
+    blocks = -(-loop_tiles // TILES_PER_THREAD)
+    return {"R": r, "C": c, "P": layout.p, "L": layout.length, "KT": layout.k_tiles,
+            "MT": layout.m_tiles, "HALF_L4": -(-layout.length // 4) * 2, "KEY": int(key),
+            "TASKS": 16 * fixed_tiles * blocks}
+
+
+def lower_sparsify(spec: SparsifySpec, target: str) -> Kernel:
+    """The sparsify kernel of `spec` for `target` (its layout decides where results go)."""
+    kernel = _SparsifyLowering(spec, target).lower()
+    verify(kernel)
+    return kernel
+
+
+class _SparsifyLowering:
+    def __init__(self, spec: SparsifySpec, target: str) -> None:
+        self.spec = spec
+        self.target = TARGETS[target]
+        # The layout's kind is what matters here; its sizes come from launch scalars.
+        self.layout = ActivationLayout(target, 1, 1)
+        self.act = F16 if spec.dtype == "f16" else BF16
+        self.b = Builder()
+
+    # ----- small helpers ---------------------------------------------------------------------
+
+    def c(self, v: int) -> Value:
+        return self.b.const(v)
+
+    def f(self, v: float) -> Value:
+        return self.b.const(v, F32)
+
+    def op(self, name: str, a: Value, x: Value | int | float, hint: str = "v") -> Value:
+        return self.b.binary(name, a, x, hint=hint)
+
+    def sel(self, c: Value, a: Value, x: Value, hint: str = "v") -> Value:
+        return self.b.select(c, a, x, hint=hint)
+
+    def abs32(self, x: Value) -> Value:
+        """|x| by clearing the sign bit: exact, and +0 for -0 (as numpy's abs)."""
+        bits = self.op("and", self.b.bitcast(x, U32, hint="xb"), 0x7FFFFFFF, hint="xb")
+        return self.b.bitcast(bits, F32, hint="ax")
+
+    def hash32(self, x: Value) -> Value:
+        """lowbias32 (reference.lowbias32)."""
+        x = self.op("xor", x, self.op("shr", x, 16, hint="h"), hint="h")
+        x = self.op("mul", x, _HASH_MUL[0], hint="h")
+        x = self.op("xor", x, self.op("shr", x, 15, hint="h"), hint="h")
+        x = self.op("mul", x, _HASH_MUL[1], hint="h")
+        return self.op("xor", x, self.op("shr", x, 16, hint="h"), hint="h")
+
+    def round_act(self, x: Value) -> Value:
+        """x rounded to the activation type and held in f32 again."""
+        return self.b.cast(self.b.cast(x, self.act, hint="rd"), F32, hint="rd")
+
+    # ----- kernel ----------------------------------------------------------------------------
+
+    def lower(self) -> Kernel:
+        b, spec = self.b, self.spec
+        s = {name: b.scalar(name) for name in SCALARS}
+        self.s = s
+        tid = b.index("tid")
+        gx = b.index("group_x")
+        u = self.op("add", self.op("mul", gx, THREADS, hint="u"), tid, hint="u")
+        if spec.axis == 1:   # threads along X's columns, looping down X's rows (S's rows)
+            h = self.op("rem", u, 2, hint="h")
+            kt = self.op("rem", self.op("div", u, 2, hint="q"), s["KT"], hint="kt")
+            q = self.op("div", u, self.op("mul", s["KT"], 2, hint="q"), hint="q")
+            g = self.op("rem", q, 8, hint="g")
+            block = self.op("div", q, 8, hint="blk")
+            loop_tiles = s["MT"]
+        else:                # threads along X's columns (S's rows), looping down X's rows (S's K)
+            g = self.op("rem", u, 8, hint="g")
+            h = self.op("rem", self.op("div", u, 8, hint="q"), 2, hint="h")
+            q = self.op("div", u, 16, hint="q")
+            mt = self.op("rem", q, s["MT"], hint="mt")
+            block = self.op("div", q, s["MT"], hint="blk")
+            loop_tiles = s["KT"]
+        self.g, self.h = g, h
+        first = self.op("mul", block, _TPT, hint="t0")
+        last = self.op("min", self.op("add", first, _TPT, hint="t1"), loop_tiles, hint="t1")
+        n_counts = 16 if spec.axis == 1 else 2
+        inits = [self.c(0)] * (n_counts if spec.stats else 0)
+        active = self.op("lt", u, s["TASKS"], hint="act")
+        first = self.sel(active, first, last, hint="t0")  # idle threads run no iteration
+
+        iv = b.fresh("t", U32)
+        carried = [b.fresh("zc", U32) for _ in inits]
+        loop = b.op("for", [first, last, self.c(1), *inits], [U32] * len(inits), hint="zs")
+        with b.region([iv, *carried]) as body:
+            loop.regions.append(body)
+            tile_m, tile_k = (iv, kt) if spec.axis == 1 else (mt, iv)
+            counts = self.unit(tile_m, tile_k, carried)
+            b.yield_(*counts)
+        if spec.stats:
+            self.publish_counts(loop.results, kt if spec.axis == 1 else mt)
+
+        buffers = [BufferParam("x", self.act, "read"), BufferParam("values", U32, "write"),
+                   BufferParam("meta", U32, "write")]
+        if spec.stats:
+            buffers.append(BufferParam("colz", U32, "readwrite"))
+        tables = []
+        if self.layout.kind == "cuda_mma_sp":
+            tables = [ConstTable("value_pair", U32, tuple(int(v) for v in self.layout.value_pair_table.ravel())),
+                      ConstTable("meta_lane", U32, tuple(int(v) for v in self.layout.meta_lane_table.ravel()))]
+        return Kernel(
+            name=spec.name, threads=THREADS, grid=(GridDim("TASKS", THREADS), GridDim(None), GridDim(None)),
+            body=b.blocks[0], warp_size=self.target.warp_size, buffers=buffers,
+            scalars=[ScalarParam(n) for n in SCALARS], tables=tables,
+            attrs={"target": self.target.name, "kind": "sparsify", "method": spec.method,
+                   "axis": spec.axis, "activation": spec.dtype, "relu2": int(spec.relu2),
+                   "stats": int(spec.stats), "layout": self.layout.kind})
+
+    # ----- one unit: two rows x four groups ---------------------------------------------------
+
+    def unit(self, mt: Value, kt: Value, counts: list[Value]) -> list[Value]:
+        b, spec, s = self.b, self.spec, self.s
+        counts = list(counts)
+        word = self.c(0)
+        for rowsel in (0, 1):
+            srow = self.op("add", self.op("mul", mt, ROW_TILE, hint="sr"),
+                           self.op("add", self.g, 8 * rowsel, hint="sr"), hint="sr")
+            row_ok = self.op("lt", srow, s["P"], hint="rok")
+            col0 = self.op("add", self.op("mul", kt, 32, hint="sc"), self.op("mul", self.h, 16, hint="sc"), hint="sc")
+            for j in range(4):
+                xs, oks = [], []
+                for i in range(4):
+                    scol = self.op("add", col0, 4 * j + i, hint="sc")
+                    ok = self.op("and", row_ok, self.op("lt", scol, s["L"], hint="cok"), hint="ok")
+                    r, c = (srow, scol) if spec.axis == 1 else (scol, srow)
+                    idx = self.op("add", self.op("mul", r, s["C"], hint="xi"), c, hint="xi")
+                    x = b.cast(b.load("x", idx, self.act, pred=ok, hint="x"), F32, hint="xf")
+                    if spec.relu2:
+                        x = self.op("max", x, 0.0, hint="rl")
+                        x = self.round_act(self.op("mul", x, x, hint="sq"))
+                    if spec.stats:
+                        zero = self.op("and", ok, self.op("eq", x, 0.0, hint="z"), hint="z")
+                        slot = 4 * j + i if spec.axis == 1 else rowsel
+                        counts[slot] = self.op("add", counts[slot], b.cast(zero, U32, hint="z"), hint="zc")
+                    xs.append(x)
+                    oks.append(ok)
+                pair_index = self.op("add", self.op("mul", srow, s["HALF_L4"], hint="pi"),
+                                     self.op("div", self.op("add", col0, 4 * j, hint="pi"), 2, hint="pi"), hint="pi")
+                v0, v1, nibble = self.select_group(xs, pair_index)
+                self.store_pair(mt, kt, rowsel, j, v0, v1)
+                word = self.op("or", word, self.op("shl", nibble, 16 * rowsel + 4 * j, hint="nb"), hint="mw")
+        self.store_meta(mt, kt, word)
+        return counts
+
+    def select_group(self, xs: list[Value], pair_index: Value) -> tuple[Value, Value, Value]:
+        """(value of slot 0, value of slot 1, nibble idx0 | idx1 << 2), f32 values."""
+        if self.spec.method == "mvue":
+            return self.mvue(xs, pair_index)
+        mags = [self.abs32(x) for x in xs]
+        # beats[i][j] (i < j): x_j ranks above x_i (strictly larger; ties go to the lower index)
+        above = {(i, j): self.op("gt", mags[j], mags[i], hint="gt") for i in range(4) for j in range(i + 1, 4)}
+        keep = []
+        for i in range(4):
+            terms = [self.b.cast(above[(i, j)], U32, hint="rk") for j in range(i + 1, 4)]
+            terms += [self.b.cast(self.op("xor", above[(j, i)], self.b.const(True, BOOL), hint="nb"), U32, hint="rk")
+                      for j in range(i)]
+            rank = terms[0]
+            for t in terms[1:]:
+                rank = self.op("add", rank, t, hint="rk")
+            keep.append(self.op("lt", rank, 2, hint="kp"))
+        # idx0: the first kept (0, 1 or 2); idx1: the last kept (3, 2 or 1)
+        idx0 = self.sel(keep[0], self.c(0), self.sel(keep[1], self.c(1), self.c(2), hint="i0"), hint="i0")
+        v0 = self.sel(keep[0], xs[0], self.sel(keep[1], xs[1], xs[2], hint="v0"), hint="v0")
+        idx1 = self.sel(keep[3], self.c(3), self.sel(keep[2], self.c(2), self.c(1), hint="i1"), hint="i1")
+        v1 = self.sel(keep[3], xs[3], self.sel(keep[2], xs[2], xs[1], hint="v1"), hint="v1")
+        if self.spec.method == "soft_threshold":
+            dropped = [self.sel(keep[i], self.f(0.0), mags[i], hint="dm") for i in range(4)]
+            t = self.op("max", self.op("max", dropped[0], dropped[1], hint="th"),
+                        self.op("max", dropped[2], dropped[3], hint="th"), hint="th")
+            v0, v1 = (self.sel(self.op("ge", v, 0.0, hint="sg"), self.op("sub", v, t, hint="sh"),
+                               self.op("add", v, t, hint="sh"), hint="st") for v in (v0, v1))
+        return v0, v1, self.op("or", idx0, self.op("shl", idx1, 2, hint="nb"), hint="nb")
+
+    def mvue(self, xs: list[Value], pair_index: Value) -> tuple[Value, Value, Value]:
+        vals, nib = [], self.c(0)
+        for pair in (0, 1):
+            a, c = xs[2 * pair], xs[2 * pair + 1]
+            ma, mc = self.abs32(a), self.abs32(c)
+            total = self.op("add", ma, mc, hint="sm")
+            h = self.hash32(self.op("xor", self.op("add", pair_index, pair, hint="pi"), self.s["KEY"], hint="hk"))
+            u = self.op("mul", self.b.cast(self.op("shr", h, 8, hint="u"), F32, hint="u"), 2.0 ** -24, hint="u")
+            first = self.op("or", self.op("lt", self.op("mul", u, total, hint="us"), ma, hint="f"),
+                            self.op("eq", mc, 0.0, hint="f"), hint="f")
+            chosen = self.sel(first, a, c, hint="ch")
+            vals.append(self.sel(self.op("lt", chosen, 0.0, hint="ng"), self.op("sub", self.f(0.0), total, hint="ng"),
+                                 total, hint="mv"))
+            idx = self.sel(first, self.c(2 * pair), self.c(2 * pair + 1), hint="ix")
+            nib = self.op("or", nib, self.op("shl", idx, 2 * pair, hint="nb"), hint="nb")
+        return vals[0], vals[1], nib
+
+    # ----- stores ------------------------------------------------------------------------------
+
+    def store_pair(self, mt: Value, kt: Value, rowsel: int, j: int, v0: Value, v1: Value) -> None:
+        b = self.b
+        # slot 0 in the low half (the A fragment's element order); integer packing prints the
+        # same on every target
+        lo, hi = (b.cast(b.bitcast(b.cast(v, self.act, hint="o"), U16, hint="ob"), U32, hint="ow") for v in (v0, v1))
+        word = self.op("or", lo, self.op("shl", hi, 16, hint="pw"), hint="pw")
+        r = self.op("add", self.g, 8 * rowsel, hint="r")        # row in tile
+        c = self.op("add", self.op("mul", self.h, 4, hint="cp"), j, hint="cp")  # pair in tile
+        if self.layout.kind == "cuda_mma_sp":
+            tile = self.op("add", self.op("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
+            inner = b.value("table", [self.op("add", self.op("mul", r, 8, hint="ti"), c, hint="ti")], U32,
+                            {"name": "value_pair"}, hint="vp")
+            idx = self.op("add", self.op("mul", tile, 128, hint="vi"), inner, hint="vi")
+        else:  # row-major [Pp, Lp / 2]: Lp / 4 words per row
+            row = self.op("add", self.op("mul", mt, ROW_TILE, hint="vr"), r, hint="vr")
+            col = self.op("add", self.op("mul", kt, 8, hint="vc"), c, hint="vc")
+            idx = self.op("add", self.op("mul", row, self.op("mul", self.s["KT"], 8, hint="ld"), hint="vi"), col, hint="vi")
+        b.store("values", idx, word)
+
+    def store_meta(self, mt: Value, kt: Value, word: Value) -> None:
+        b = self.b
+        if self.layout.kind == "cuda_mma_sp":
+            tile = self.op("add", self.op("mul", self.op("div", mt, 2, hint="tp"), self.s["KT"], hint="tb"), kt, hint="tb")
+            sel = self.op("add", self.op("mul", self.op("rem", mt, 2, hint="F"), 16, hint="ml"),
+                          self.op("add", self.op("mul", self.g, 2, hint="ml"), self.h, hint="ml"), hint="ml")
+            lane = b.value("table", [sel], U32, {"name": "meta_lane"}, hint="ln")
+            idx = self.op("add", self.op("mul", tile, 32, hint="mi"), lane, hint="mi")
+        else:
+            tile = self.op("add", self.op("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
+            idx = self.op("add", self.op("mul", tile, 16, hint="mi"),
+                          self.op("add", self.op("mul", self.g, 2, hint="mi"), self.h, hint="mi"), hint="mi")
+        b.store("meta", idx, word)
+
+    def publish_counts(self, counts: list[Value], fixed_tile: Value) -> None:
+        """One atomic add per counted column of X (only columns that exist)."""
+        b = self.b
+        for slot, count in enumerate(counts):
+            if self.spec.axis == 1:   # X column = S column 32 kt + 16 h + slot
+                col = self.op("add", self.op("add", self.op("mul", fixed_tile, 32, hint="zc"),
+                                             self.op("mul", self.h, 16, hint="zc"), hint="zc"), slot, hint="zc")
+            else:                     # X column = S row 16 mt + g + 8 slot
+                col = self.op("add", self.op("mul", fixed_tile, ROW_TILE, hint="zc"),
+                              self.op("add", self.g, 8 * slot, hint="zc"), hint="zc")
+            ok = self.op("and", self.op("lt", col, self.s["C"], hint="zok"), self.op("ne", count, 0, hint="zok"), hint="zok")
+            then = b.op("if", [ok], [])
+            with b.region() as t_block:
+                then.regions.append(t_block)
+                b.op("atomic_add", [col, count], [U32], {"buffer": "colz"}, hint="old")
+                b.yield_()
+            with b.region() as e_block:
+                then.regions.append(e_block)
+                b.yield_()
+
+
+_TPT = TILES_PER_THREAD
