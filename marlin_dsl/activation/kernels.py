@@ -40,9 +40,7 @@ class CudaLaunch:
         self.source: CudaSource = print_cuda(kernel, inout_inputs=inout_inputs)
         s = self.source
         self.name = f"{s.name}_{s.digest[:12]}"
-        self._kernel = mx.fast.cuda_kernel(name=self.name, input_names=list(s.input_names),
-                                           output_names=list(s.output_names), source=s.body,
-                                           header=s.header, **s.shared_memory_kwargs)
+        self._kernel = s.mlx_kernel(self.name)
 
     def __call__(self, arrays: dict[str, mx.array], out_shapes: dict[str, tuple[int, ...]],
                  scalars: dict[str, int], init_value: float | None = None) -> dict[str, mx.array]:

@@ -111,8 +111,8 @@ class _SparsifyLowering:
             block = self.op("div", q, s["MT"], hint="blk")
             loop_tiles = s["KT"]
         self.g, self.h = g, h
-        first = self.op("mul", block, _TPT, hint="t0")
-        last = self.op("min", self.op("add", first, _TPT, hint="t1"), loop_tiles, hint="t1")
+        first = self.op("mul", block, TILES_PER_THREAD, hint="t0")
+        last = self.op("min", self.op("add", first, TILES_PER_THREAD, hint="t1"), loop_tiles, hint="t1")
         n_counts = 16 if spec.axis == 1 else 2
         inits = [self.c(0)] * (n_counts if spec.stats else 0)
         active = self.op("lt", u, s["TASKS"], hint="act")
@@ -282,5 +282,3 @@ class _SparsifyLowering:
                 then.regions.append(e_block)
                 b.yield_()
 
-
-_TPT = TILES_PER_THREAD
