@@ -10,9 +10,13 @@ Nothing here branches on a format's name; every constant comes from the descript
 
 Exactness: the value table is rounded to float32 and (t - z) * s is computed in float32. For
 float and integer encodings every step is exact (table values and zero points are small
-integers or short dyadic fractions, scales are fp16), so the result is the float64 reference
-rounded to float32, bit for bit. For value tables (NF4) the rounded table entry and the product
-are two roundings: within one float32 ulp of the reference.
+integers or short dyadic fractions, scales are fp16, bf16 or 8-bit codes), so the result is
+the float64 reference rounded to float32, bit for bit. For value tables (NF4) and f32 scales
+the rounded table entry and the product are two roundings: within one float32 ulp of the
+reference. Formats with a bias (MLX's affine mode) follow MLX's own arithmetic instead: where
+scales and biases share a float type T, t * s and then + b are each rounded to T, exactly as
+`mx.dequantize` computes, so the two agree bit for bit; the float64 reference is the exact
+value, within those two roundings of it.
 """
 from __future__ import annotations
 
@@ -22,21 +26,19 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import ShapeError
-from .formats import BlockPatternSparsity, Format, NMSparsity
+from .formats import BlockPatternSparsity, Format, NMSparsity, STORAGE_TYPES, StorageType
 from .formats.bitstream import fields_per_group
 
-#: numpy dtypes of `Format.buffers` -> the MLX dtypes the arrays must have.
-_MX_DTYPES: dict[np.dtype, mx.Dtype] = {
-    np.dtype(np.uint8): mx.uint8,
-    np.dtype(np.uint16): mx.uint16,
-    np.dtype(np.uint32): mx.uint32,
-    np.dtype(np.float16): mx.float16,
+#: Element names of `BufferSpec.elem` -> the MLX dtypes the arrays must have.
+_MX_DTYPES: dict[str, mx.Dtype] = {
+    "u8": mx.uint8, "u16": mx.uint16, "u32": mx.uint32,
+    **{name: getattr(mx, t.mlx_dtype) for name, t in STORAGE_TYPES.items()},
 }
 
 
-def mx_dtype(dtype: np.dtype) -> mx.Dtype:
-    """The MLX dtype of a buffer's numpy dtype."""
-    return _MX_DTYPES[np.dtype(dtype)]
+def mx_dtype(elem: str) -> mx.Dtype:
+    """The MLX dtype of a buffer's element type (`BufferSpec.elem`)."""
+    return _MX_DTYPES[elem]
 
 
 def check_mx_arrays(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array],
@@ -59,9 +61,9 @@ def check_mx_arrays(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx
         if tuple(array.shape) != tuple(spec.shape):
             raise ShapeError(f"{argument}[{spec.name!r}]: expected shape {spec.shape}, "
                              f"got {tuple(array.shape)}")
-        if array.dtype != mx_dtype(spec.dtype):
+        if array.dtype != mx_dtype(spec.elem):
             raise ShapeError(f"{argument}[{spec.name!r}]: expected dtype "
-                             f"{mx_dtype(spec.dtype)}, got {array.dtype}")
+                             f"{mx_dtype(spec.elem)}, got {array.dtype}")
 
 
 def _u32(values: np.ndarray | int) -> mx.array:
@@ -97,6 +99,33 @@ def unpack_bits_mx(words: mx.array, bits: int, word_bits: int) -> mx.array:
         value = mx.bitwise_or(value, mx.where(mx.array(straddles)[None, :, None], high, _u32(0)))
     mask = _u32((1 << bits) - 1)  # bits <= 32, so the mask fits uint32
     return mx.bitwise_and(value, mask).reshape(rows // words_per_group * per_group, cols)
+
+
+def pack_bits_mx(fields: mx.array, bits: int, word_bits: int) -> mx.array:
+    """MLX twin of `formats.bitstream.pack_bits`: [L, N] fields (each < 2**bits) -> the
+    [L*bits/word_bits, N] words of their LSB-first bit stream along axis 0, in the word type.
+
+    Fields of one word group (a whole number of words) are shifted into place in uint32 and
+    summed per word (their bits are disjoint, so the sum is their OR); a field that straddles
+    two words gives its low bits to one and its high bits to the next."""
+    per_group = fields_per_group(bits, word_bits)
+    words_per_group = per_group * bits // word_bits
+    rows, cols = fields.shape
+    grouped = fields.astype(mx.uint32).reshape(rows // per_group, per_group, cols)
+    word, shift = np.divmod(np.arange(per_group) * bits, word_bits)
+    full = (1 << word_bits) - 1
+    low = mx.bitwise_and(mx.left_shift(grouped, _u32(shift)[None, :, None]), _u32(full))
+    out = []
+    for w in range(words_per_group):
+        mine = np.nonzero(word == w)[0]
+        part = mx.sum(low[:, int(mine[0]):int(mine[-1]) + 1], axis=1)
+        spill = np.nonzero((word == w - 1) & (shift + bits > word_bits))[0]
+        if spill.size:  # the high bits of the field that straddles into this word
+            i = int(spill[0])
+            part = part + mx.right_shift(grouped[:, i], _u32(word_bits - int(shift[i])))
+        out.append(part)
+    words = mx.stack(out, axis=1).reshape(rows // per_group * words_per_group, cols)
+    return words.astype(mx_dtype({8: "u8", 16: "u16", 32: "u32"}[word_bits]))
 
 
 def _nm_scatter(fmt: Format, sp: NMSparsity, stored: mx.array, meta: mx.array,
@@ -145,15 +174,48 @@ def dequantize_mx(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.a
     table = mx.array(fmt.element.table().astype(np.float32))
     g = fmt.group_size_for(k)
     values = mx.take(table, codes).reshape(k // g, g, n)
-    if fmt.zero_point is not None:
-        values = values - arrays["zeros"].astype(mx.float32)[:, None, :]
-    values = (values * arrays["scales"].astype(mx.float32)[:, None, :]).reshape(k, n)
+    params = {name: parameter_mx(storage, arrays[name])[:, None, :]
+              for name, storage in fmt.parameters().items()}
+    if "zeros" in params:
+        values = values - params["zeros"].astype(mx.float32)
+    if "biases" in params and params["biases"].dtype == params["scales"].dtype:
+        t = params["scales"].dtype  # MLX's affine arithmetic: each step rounded to T
+        values = ((values.astype(t) * params["scales"]) + params["biases"]).astype(mx.float32)
+    else:
+        values = values * params["scales"].astype(mx.float32)
+        if "biases" in params:
+            values = values + params["biases"].astype(mx.float32)
+    values = values.reshape(k, n)
     if keep is not None:
         values = mx.where(keep, values, mx.array(0.0, dtype=mx.float32))
     return values
 
 
-def packed_to_mx(arrays: Mapping[str, object]) -> dict[str, mx.array]:
-    """numpy (or MLX) packed arrays -> MLX arrays, keeping dtypes (a copy for numpy input)."""
-    return {name: a if isinstance(a, mx.array) else mx.array(np.ascontiguousarray(a))
+def parameter_mx(storage: StorageType, stored: mx.array) -> mx.array:
+    """A per-group parameter array as MLX floats: plain float types as they are, 8-bit codes
+    (E8M0, E4M3) through their float32 value table (NaN where a code is invalid)."""
+    if storage.table is None:
+        return stored
+    return mx.take(mx.array(storage.table.astype(np.float32)), stored.astype(mx.uint32))
+
+
+def packed_to_mx(arrays: Mapping[str, object], fmt: Format | None = None) -> dict[str, mx.array]:
+    """numpy (or MLX) packed arrays -> MLX arrays (a copy for numpy input). Dtypes are kept,
+    except that bf16 parameters, which numpy holds as uint16 bits, become bfloat16 (`fmt`
+    says which those are; without it uint16 stays uint16)."""
+    bf16 = {n for n, t in fmt.parameters().items() if t.name == "bf16"} if fmt else set()
+    out = {}
+    for name, a in arrays.items():
+        if not isinstance(a, mx.array):
+            a = mx.array(np.ascontiguousarray(a))
+            if name in bf16 and a.dtype == mx.uint16:
+                a = a.view(mx.bfloat16)
+        out[name] = a
+    return out
+
+
+def packed_to_numpy(arrays: Mapping[str, mx.array]) -> dict[str, np.ndarray]:
+    """MLX packed arrays -> numpy (a copy), bfloat16 as its uint16 bits: `packed_to_mx`'s
+    inverse, in the representation `marlin_dsl.pack` and `validate` use."""
+    return {name: np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
             for name, a in arrays.items()}

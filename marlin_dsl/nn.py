@@ -4,8 +4,9 @@
 Backends. "metal" runs our Metal kernels on an Apple GPU, "cuda" our CUDA kernels through
 MLX's CUDA backend, "mlx" dequantises with MLX ops (`mlx_ops.dequantize_mx`) and calls
 `mx.matmul`, which works on every MLX device (the CPU included). "auto" picks by MLX's
-default device; until a kernel backend is wired into `_run_kernel_backend`, "auto" uses the
-"mlx" path in its place, so a model using `MarlinLinear` runs anywhere.
+default device. What runs per call is a `layers.dispatch.Dispatch`, shared by all layers of
+one (format, shape, backend); weights live on the device in the layout its kernels read
+(`layers.weights`), converted once when they arrive.
 
 Orientation: marlin-dsl weights are [K, N] (K = input features); `mlx.nn.Linear.weight` and
 MLX's quantised weights are [N, K], so the conversions below transpose.
@@ -20,13 +21,18 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .api import pack, pack_fp4_weights
+from .api import pack_fp4_weights
 from .errors import MarlinDSLError, ShapeError, ValueRangeError
-from .formats import Format, GroupScale, IntEncoding, PackedWeights, ZeroPoint, validate
+from .formats import Format, PackedWeights, validate
 from .formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
-from .mlx_ops import check_mx_arrays, dequantize_mx, packed_to_mx
+from .layers.dispatch import LINEAR, dispatch_for, layout_for
+from .layers.interop import packed_from_quantized
+from .layers.validate import validate_mx
+from .layers.weights import layout_shapes, to_layout, to_linear, which_layout
+from .mlx_ops import mx_dtype, packed_to_mx, packed_to_numpy
+from .mlx_pack import pack_mx
 
-__all__ = ["MarlinLinear", "available_backends", "pack_fp4_weights", "quantized_linear",
+__all__ = ["MarlinLinear", "available_backends", "pack_fp4_weights", "prepare", "quantized_linear",
            "select_backend"]
 
 Backend = Literal["auto", "metal", "cuda", "mlx"]
@@ -83,31 +89,6 @@ def select_backend(backend: str = "auto") -> str:
     return backend
 
 
-def _run_kernel_backend(name: str, x: mx.array, packed: PackedWeights) -> mx.array:
-    """x [..., K] @ W with our compiled kernel on backend `name` ("metal" or "cuda"); `packed`
-    holds MLX arrays (checked). The one place where kernel launchers are dispatched; each
-    compiles the format's default schedule on first use (`schedule.default_schedule`)."""
-    if name == "metal":
-        from .backends.metal_runtime import metal_launcher
-
-        activation = {mx.float16: "f16", mx.bfloat16: "bf16"}.get(x.dtype, "f16")
-        launcher = metal_launcher(packed.format, activation)
-        x2 = x.reshape(-1, x.shape[-1]).astype(mx.float16 if activation == "f16" else mx.bfloat16)
-        arrays = [packed.arrays[n] for n in launcher.INPUT_NAMES if n not in ("x", "dims")]
-        y = launcher.launch(x2, *arrays)
-        return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
-    if name == "cuda":
-        from .backends.cuda_runtime import cuda_gemm, cuda_schedule, cuda_weights
-
-        activation = "bf16" if x.dtype == mx.bfloat16 else "f16"
-        x2 = x.reshape(-1, x.shape[-1])
-        k, n = (int(v) for v in packed.shape)
-        gemm = cuda_gemm(packed.format, activation, cuda_schedule(packed.format, int(x2.shape[0]), k, n))
-        y = gemm(cuda_weights(gemm, packed), x2, poison=False)
-        return y.reshape(*x.shape[:-1], y.shape[-1]).astype(x.dtype)
-    raise MarlinDSLError(f"backend: no kernel launcher for {name!r}")
-
-
 # ----- argument checks ----------------------------------------------------------------------
 
 def _first_non_finite(a: mx.array) -> tuple[int, ...] | None:
@@ -147,17 +128,33 @@ def _check_bias(bias: object, n: int, dtype: mx.Dtype | None, check_finite: bool
     return bias if dtype is None else bias.astype(dtype)
 
 
-def _mx_packed(packed: object) -> PackedWeights:
-    """`packed` with MLX arrays: numpy arrays (from `pack` or loaded) are validated once and
-    copied; MLX arrays are checked for names, shapes and dtypes only (no sync)."""
+
+# ----- packed weights on the device ---------------------------------------------------------
+
+def _device_arrays(packed: object, backend: str, argument: str = "packed") -> tuple[PackedWeights, dict]:
+    """(`packed`, its arrays in the layout `backend`'s kernels read). numpy arrays are validated
+    and copied to the device; MLX arrays are validated on the device. Both happen once per
+    PackedWeights object and set of arrays: the result is cached on the object, keyed by the
+    identity of its arrays, so repeated calls with the same weight do no work."""
     if not isinstance(packed, PackedWeights):
-        raise ShapeError(f"packed: expected marlin_dsl.PackedWeights, got {type(packed).__name__}")
-    if not all(isinstance(a, mx.array) for a in packed.arrays.values()):
+        raise ShapeError(f"{argument}: expected marlin_dsl.PackedWeights, got {type(packed).__name__}")
+    if packed.layout != LINEAR:
+        raise ShapeError(f"{argument}: holds layout {packed.layout!r}; pass the format's linear "
+                         f"layout (as marlin_dsl.pack writes it)")
+    fmt, shape = packed.format, tuple(int(d) for d in packed.shape)
+    key = (backend, tuple((name, id(a)) for name, a in packed.arrays.items()))
+    cached = packed.device_cache.get("arrays")
+    if cached is not None and cached[0] == key:
+        return packed, cached[1]
+    if all(isinstance(a, mx.array) for a in packed.arrays.values()):
+        validate_mx(fmt, shape, packed.arrays, f"{argument}.arrays")
+        linear = dict(packed.arrays)
+    else:
         validate(packed)
-        packed = PackedWeights(packed.format, packed.shape, packed_to_mx(packed.arrays),
-                               packed.layout)
-    check_mx_arrays(packed.format, packed.shape, packed.arrays, "packed.arrays")
-    return packed
+        linear = packed_to_mx(packed.arrays, fmt)
+    arrays = to_layout(fmt, shape, linear, layout_for(fmt, *shape, backend))
+    packed.device_cache["arrays"] = (key, arrays)
+    return packed, arrays
 
 
 # ----- the functional form ------------------------------------------------------------------
@@ -167,21 +164,19 @@ def quantized_linear(x: mx.array, packed: PackedWeights, bias: mx.array | None =
     """x [..., K] @ W [K, N] (+ bias [N]) for a packed marlin-dsl weight, in x's dtype
     (float16, bfloat16 or float32).
 
-    `packed.arrays` may be numpy (as `pack` returns them; validated and copied on each call)
-    or MLX arrays (as `MarlinLinear` holds them). With `check_finite` NaN/Inf in x or bias
-    raise ValueRangeError; that check evaluates x (a sync) and cannot run inside `mx.compile`,
-    so layers turn it off by default.
+    `packed.arrays` may be numpy (as `pack` returns them) or MLX arrays; either way they are
+    validated and put into the layout the backend's kernels read on the first call with that
+    PackedWeights object (cached on it; see `_device_arrays`). With `check_finite` NaN/Inf in
+    x or bias raise ValueRangeError; that check evaluates x (a sync) and cannot run inside
+    `mx.compile`, so layers turn it off by default.
     """
     name = select_backend(backend)
-    packed = _mx_packed(packed)
+    packed, arrays = _device_arrays(packed, name)
     k, n = packed.shape
     x = _check_activation(x, k, check_finite)
     b = None if bias is None else _check_bias(bias, n, x.dtype, check_finite)
-    if name == "mlx":
-        w = dequantize_mx(packed.format, packed.shape, packed.arrays).astype(x.dtype)
-        y = mx.matmul(x, w)
-    else:
-        y = _run_kernel_backend(name, x, packed)
+    y = dispatch_for(packed.format, int(k), int(n), name)(x.reshape(-1, k), arrays)
+    y = y.reshape(*x.shape[:-1], n)
     return y if b is None else y + b
 
 
@@ -206,8 +201,14 @@ class MarlinLinear(nn.Module):
     Like `mlx.nn.QuantizedLinear`, the constructor draws a random weight (uniform in
     +-1/sqrt(input_dims)) and quantises it, and all parameters are frozen (not trained). The
     packed arrays are the module's parameters, named as `Format.buffers` lists them
-    (`qweight`, `scales`, [`zeros`], [`meta`], [`patterns`]), so `save_weights` /
-    `load_weights` work as for any module.
+    (`qweight`, `scales`, [`zeros` | `biases`], [`meta`], [`patterns`]), held in the physical
+    layout that the backend's kernels read (`layout`: "linear", the format's own, or CUDA's
+    "lane_stream"), converted once on the device when the weight arrives.
+
+    A call looks up the kernel launch for its row count and launches it: no numpy, no host
+    copy, no sync (so layers work inside `mx.compile`). Arrays replaced from outside
+    (`load_weights`, `update`) are noticed, and validated and converted on the next call, in
+    either the linear or the layer's own layout; `prepare()` does it at once.
     """
 
     def __init__(self, input_dims: int, output_dims: int, bias: bool = True,
@@ -218,41 +219,128 @@ class MarlinLinear(nn.Module):
         fmt.check_shape(input_dims, output_dims, "input_dims/output_dims")
         scale = math.sqrt(1 / input_dims)
         weight = mx.random.uniform(low=-scale, high=scale, shape=(output_dims, input_dims))
-        self._init_packed(pack(fmt, np.array(weight).T), bias=None)
+        self._setup(fmt, (input_dims, output_dims), backend, check_finite)
+        self._install(pack_mx(fmt, weight.T).arrays)
         if bias:
             self.bias = mx.zeros((output_dims,))
+        self.freeze()
+
+    # ----- state ---------------------------------------------------------------------------
+
+    def _setup(self, fmt: Format, shape: tuple[int, int], backend: Backend, check_finite: bool) -> None:
+        self.format: Format = fmt
+        self.input_dims, self.output_dims = (int(d) for d in shape)
         self.backend = backend
         # Off by default: a drop-in layer must not sync per call and must work in mx.compile.
         self.check_finite = check_finite
-        self.freeze()
+        # A tuple would become a dict entry of the module (mlx.nn.Module keeps tuples there).
+        object.__setattr__(self, "_weight_names", tuple(spec.name for spec in fmt.buffers(*shape)))
+        self._stale = False
+        self._select(backend)
 
-    def _init_packed(self, packed: PackedWeights, bias: mx.array | None) -> None:
-        """Store a packed weight (numpy arrays are validated) as this module's parameters."""
-        packed = _mx_packed(packed)
-        self.format: Format = packed.format
-        self.input_dims, self.output_dims = (int(d) for d in packed.shape)
-        for name, array in packed.arrays.items():
-            setattr(self, name, array)
-        if bias is not None:
-            self.bias = _check_bias(bias, self.output_dims, None, check_finite=False)
+    def _select(self, backend: Backend) -> None:
+        self._backend = select_backend(backend)
+        self._dispatch = dispatch_for(self.format, self.input_dims, self.output_dims, self._backend)
+        self.layout = self._dispatch.layout
+
+    def _install(self, linear: dict) -> None:
+        """Hold linear-layout device arrays (already valid) in this layer's layout."""
+        arrays = to_layout(self.format, (self.input_dims, self.output_dims), linear, self.layout)
+        for name in self._weight_names:
+            dict.__setitem__(self, name, arrays[name])  # not a replacement from outside
+        self._stale = False
+
+    def __setitem__(self, key: str, value: object) -> None:
+        super().__setitem__(key, value)
+        if key in getattr(self, "_weight_names", ()):
+            self._stale = True  # update()/load_weights(): check and convert before the next use
+
+    @property
+    def weight_arrays(self) -> dict[str, mx.array]:
+        """The packed arrays as held (in `layout`)."""
+        return {name: self[name] for name in self._weight_names}
+
+    def prepare(self, backend: Backend | None = None) -> MarlinLinear:
+        """Validate arrays replaced since the last check and put them into the layout of
+        `backend` (default: the layer's), on the device. Idempotent; one sync if anything
+        changed. Returns self."""
+        if backend is not None and backend != self.backend:
+            linear = self.linear_arrays()
+            self.backend = backend
+            self._select(backend)
+            self._install(linear)
+            return self
+        if self._stale:
+            self._install(self.linear_arrays())
+        return self
+
+    def linear_arrays(self) -> dict[str, mx.array]:
+        """The weight in the format's linear layout (lazy MLX ops; validated first if it was
+        replaced from outside since the last check)."""
+        shape = (self.input_dims, self.output_dims)
+        arrays = self.weight_arrays
+        layout = which_layout(self.format, shape, arrays, (self.layout, LINEAR))
+        if layout is None:
+            expected = {lay: layout_shapes(self.format, shape, lay) for lay in dict.fromkeys((LINEAR, self.layout))}
+            got = {n: (tuple(a.shape), str(a.dtype)) if isinstance(a, mx.array) else type(a).__name__
+                   for n, a in arrays.items()}
+            raise ShapeError(f"MarlinLinear({self.format.name}, [{shape[0]}, {shape[1]}]): weight "
+                             f"arrays {got} match no layout; expected shapes {expected}")
+        linear = to_linear(self.format, shape, arrays, layout)
+        if self._stale:
+            try:
+                validate_mx(self.format, shape, linear, "weights")
+            except ValueError as err:
+                if isinstance(err, MarlinDSLError):
+                    raise
+                raise MarlinDSLError(
+                    f"MarlinLinear({self.format.name}): its weights were replaced and must be "
+                    f"checked once before use, which cannot happen inside mx.compile: call "
+                    f"marlin_dsl.nn.prepare(model) first ({err})") from None
+        return linear
+
+    # ----- constructors --------------------------------------------------------------------
 
     @classmethod
     def from_packed(cls, packed: PackedWeights, bias: mx.array | None = None, *,
                     backend: Backend = "auto", check_finite: bool = False) -> MarlinLinear:
-        """A layer holding `packed` (validated if it holds numpy arrays) and an optional bias."""
+        """A layer holding `packed` (numpy or MLX arrays in the linear layout, validated once
+        here) and an optional bias."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
-        layer._init_packed(packed, bias)
-        layer.backend = backend
-        layer.check_finite = check_finite
+        if not isinstance(packed, PackedWeights):
+            raise ShapeError(f"packed: expected marlin_dsl.PackedWeights, got {type(packed).__name__}")
+        layer._setup(packed.format, packed.shape, backend, check_finite)
+        _, arrays = _device_arrays(packed, layer._backend)
+        for name in layer._weight_names:
+            dict.__setitem__(layer, name, arrays[name])
+        if bias is not None:
+            layer.bias = _check_bias(bias, layer.output_dims, None, check_finite=False)
+        layer._stale = False
+        layer.freeze()
+        return layer
+
+    @classmethod
+    def placeholder(cls, fmt: Format, input_dims: int, output_dims: int, bias: bool = False, *,
+                    backend: Backend = "auto") -> MarlinLinear:
+        """An empty layer of this format and shape, to be filled by `load_weights` (its zero
+        arrays fail validation, so using it unfilled is an error, not a silent zero)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._setup(fmt, (input_dims, output_dims), backend, False)
+        for spec in fmt.buffers(input_dims, output_dims):
+            dict.__setitem__(layer, spec.name, mx.zeros(spec.shape, dtype=mx_dtype(spec.elem)))
+        if bias:
+            layer.bias = mx.zeros((output_dims,))
+        layer._stale = True
         layer.freeze()
         return layer
 
     @classmethod
     def from_linear(cls, linear: nn.Module, format: str | Format = "fp4",
-                    group_size: GroupSize | None = None) -> MarlinLinear:
-        """Quantise an `mlx.nn.Linear` (weight [N, K]) into `format` with `marlin_dsl.pack`
-        (round to nearest, per the format's description); its bias is kept as is."""
+                    group_size: GroupSize | None = None, *, backend: Backend = "auto") -> MarlinLinear:
+        """Quantise an `mlx.nn.Linear` (weight [N, K]) into `format` on the device
+        (`mlx_pack.pack_mx`, bit-identical to `marlin_dsl.pack`); its bias is kept as is."""
         weight = linear.get("weight") if isinstance(linear, nn.Module) else None
         if (not isinstance(weight, mx.array) or weight.ndim != 2
                 or not mx.issubdtype(weight.dtype, mx.floating)):
@@ -260,89 +348,68 @@ class MarlinLinear(nn.Module):
                              + ("; use from_quantized_linear for an mlx.nn.QuantizedLinear"
                                 if isinstance(linear, nn.QuantizedLinear) else ""))
         fmt = _resolve_format(format, group_size)
-        w_kn = np.array(weight.astype(mx.float32)).T  # [N, K] -> [K, N]; exact for f16/bf16
-        fmt.check_shape(*w_kn.shape, "linear.weight (transposed to [K, N])")
-        return cls.from_packed(pack(fmt, w_kn), linear.get("bias"))
+        n, k = (int(d) for d in weight.shape)
+        fmt.check_shape(k, n, "linear.weight (transposed to [K, N])")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._setup(fmt, (k, n), backend, False)
+        layer._install(pack_mx(fmt, weight.T).arrays)
+        if "bias" in linear:
+            layer.bias = _check_bias(linear["bias"], n, None, check_finite=False)
+        layer.freeze()
+        return layer
 
     @classmethod
-    def from_quantized_linear(cls, ql: nn.QuantizedLinear) -> MarlinLinear:
-        """Load MLX's affine quantised weight into the integer zero-point format it maps to.
-
-        MLX's affine mode stores, per group of `group_size` input features of an output row,
-        `w = s * q + b` with codes q packed LSB first along the input dimension in uint32
-        words ([N, K*bits/32], which is our bit stream, transposed). Our zero-point format is
-        `(q - z) * s` with an fp16 scale and a u8 integer zero point, so a group is exactly
-        representable iff s is an fp16 value and b == -z * s for an integer z in 0..255 (MLX's
-        own quantiser makes this hold for most, not all, groups). Groups that are not raise
-        MarlinDSLError naming them; a general bias form (q * s + b) is future work.
-        4-bit weights load into the built-in `uint4_zp`, other widths into the same
-        description with `IntEncoding(bits)`.
-        """
-        mode = getattr(ql, "mode", "affine")
-        if mode != "affine":
-            raise MarlinDSLError(f"ql: only MLX's 'affine' quantisation mode maps to a marlin "
-                                 f"format yet, got mode {mode!r}")
-        bits, gs = int(ql.bits), int(ql.group_size)
-        biases = ql.get("biases")
-        if biases is None:
-            raise MarlinDSLError("ql: an affine QuantizedLinear without biases")
-        q = ql["weight"]
-        n, words = q.shape
-        k = words * 32 // bits
-        fmt = (builtin_format("uint4_zp", gs) if bits == 4 else
-               Format(f"uint{bits}_zp", IntEncoding(bits), GroupScale(gs), ZeroPoint("u8"),
-                      doc=f"unsigned INT{bits} with u8 zero points (from MLX affine)"))
-        fmt.check_shape(k, n, "ql.weight")
-        s = np.array(ql["scales"].astype(mx.float32)).astype(np.float64).T  # [K/G, N]
-        b = np.array(biases.astype(mx.float32)).astype(np.float64).T
-        zeros = _affine_zero_points(s, b, gs, fmt)
-        arrays = {"qweight": np.ascontiguousarray(np.array(q).T),  # same words, [K*bits/32, N]
-                  "scales": s.astype(np.float16), "zeros": zeros}
-        return cls.from_packed(PackedWeights(fmt, (k, n), arrays), ql.get("bias"))
+    def from_quantized_linear(cls, ql: nn.Module, *, backend: Backend = "auto") -> MarlinLinear:
+        """Load an `mlx.nn.QuantizedLinear` exactly, in the format of its mode
+        (`layers.interop`: affine -> integer codes with a GroupBias; mxfp4, nvfp4, mxfp8 ->
+        E2M1/E4M3 codes with E8M0/E4M3 scales). The arrays are transposed on the device and
+        validated once."""
+        return cls.from_packed(packed_from_quantized(ql), ql.get("bias"), backend=backend)
 
     def to_packed(self) -> PackedWeights:
-        """The packed weight as numpy arrays (copies), as `marlin_dsl.pack` returns them."""
-        names = [b.name for b in self.format.buffers(self.input_dims, self.output_dims)]
+        """The packed weight as numpy arrays in the linear layout (copies), as
+        `marlin_dsl.pack` returns them."""
+        self.prepare()
         return PackedWeights(self.format, (self.input_dims, self.output_dims),
-                             {name: np.array(self[name]) for name in names})
+                             packed_to_numpy(self.linear_arrays()))
 
-    def _packed_mx(self) -> PackedWeights:
-        names = [b.name for b in self.format.buffers(self.input_dims, self.output_dims)]
-        return PackedWeights(self.format, (self.input_dims, self.output_dims),
-                             {name: self[name] for name in names})
+    def set_dtype(self, dtype: mx.Dtype, predicate=None) -> None:
+        """Cast the bias only: the packed arrays hold the number types their format declares
+        (bf16 scales stay bf16). (A parent module's set_dtype casts every float parameter of
+        the tree itself; packed arrays cast that way fail the next call's check by dtype.)"""
+        if "bias" in self and (predicate is None or predicate(self["bias"].dtype)):
+            self.bias = self["bias"].astype(dtype)
+
+    # ----- the call ------------------------------------------------------------------------
 
     def __call__(self, x: mx.array) -> mx.array:
-        return quantized_linear(x, self._packed_mx(), self.get("bias"), self.backend,
-                                check_finite=self.check_finite)
+        if self._stale:
+            self.prepare()
+        k = self.input_dims
+        if not isinstance(x, mx.array) or x.ndim < 1 or x.shape[-1] != k or x.dtype not in _ACTIVATION_DTYPES:
+            _check_activation(x, k, False)  # raises, naming what is wrong
+        if self.check_finite:
+            _check_activation(x, k, True)
+        lead = x.shape[:-1]
+        y = self._dispatch(x.reshape(-1, k) if len(lead) != 1 else x, self)
+        if len(lead) != 1:
+            y = y.reshape(*lead, self.output_dims)
+        if "bias" in self:
+            bias = self["bias"]
+            y = y + (bias if bias.dtype == y.dtype else bias.astype(y.dtype))
+        return y
 
     def _extra_repr(self) -> str:
         return (f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
-                f"bias={'bias' in self}, format={self.format.name} ({self.format.describe()})")
+                f"bias={'bias' in self}, format={self.format.name} ({self.format.describe()}), "
+                f"backend={self._backend}, layout={self.layout}")
 
 
-def _affine_zero_points(s: np.ndarray, b: np.ndarray, group_size: int, fmt: Format) -> np.ndarray:
-    """u8 zero points z [K/G, N] with (q - z) * s == s * q + b exactly, or MarlinDSLError
-    naming the first group (and its input features) and output column where none exists."""
-    s16 = s.astype(np.float16)
-    bad_scale = s16.astype(np.float64) != s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(s != 0, np.rint(-b / s), 0.0)
-    # Integer z in u8's range whose product reproduces b exactly (checked in float64, where
-    # z * s is exact: an fp16 significand times an 8-bit integer). A zero scale needs b == 0.
-    bad_zero = ~((z >= 0) & (z <= 255) & (-z * s == b))
-    for bad, what in ((bad_scale, "scale"), (bad_zero, "bias")):
-        if bad.any():
-            g, col = (int(i) for i in np.argwhere(bad)[0])
-            where = (f"group {g} (input features {g * group_size}..{(g + 1) * group_size - 1}) "
-                     f"of output column {col}")
-            if what == "scale":
-                reason = f"scale {float(s[g, col])!r} is not exactly a float16 value"
-            else:
-                ratio = float(-b[g, col] / s[g, col]) if s[g, col] else float("nan")
-                reason = (f"-b/s = {ratio!r} (s={float(s[g, col])!r}, b={float(b[g, col])!r}) "
-                          f"is not an integer zero point in 0..255")
-            raise MarlinDSLError(
-                f"ql: {where} cannot be represented in format {fmt.name!r} ((q - z) * s with "
-                f"fp16 s and u8 integer z): {reason}; MLX's general affine bias (s * q + b) "
-                f"is future work")
-    return z.astype(np.uint8)
+def prepare(model: nn.Module, backend: Backend | None = None) -> nn.Module:
+    """`MarlinLinear.prepare` on every MarlinLinear of `model` (validate weights replaced by
+    `load_weights`/`update`, convert layouts); call it before `mx.compile`. Returns model."""
+    for _, module in model.named_modules():
+        if isinstance(module, MarlinLinear):
+            module.prepare(backend)
+    return model

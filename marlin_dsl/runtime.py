@@ -65,8 +65,12 @@ def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict
     m = xs.shape[0]
     activation = str(kernel.attrs["activation"])
     buffers: dict[str, np.ndarray] = {"x": round_to_activation(xs, activation).ravel()}
+    storage = packed.format.parameters()
     for name, array in physical_arrays(kernel.attrs, packed).items():
-        buffers[name] = np.ascontiguousarray(array).ravel()
+        flat = np.ascontiguousarray(array).ravel()
+        if name in storage and storage[name].name == "bf16":  # executors hold bf16 in float32
+            flat = storage[name].to_float64(flat).astype(np.float32)
+        buffers[name] = flat
     out_dtype = np.float16 if activation == "f16" else np.float32
     buffers["y"] = np.full(m * n, POISON, dtype=out_dtype)
     if kernel.attrs.get("pipeline") == "striped":

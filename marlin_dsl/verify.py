@@ -97,9 +97,12 @@ def _quantisation_excess(q, w: np.ndarray) -> float:
     k, n = w.shape
     g = fmt.group_size_for(k)
     table = fmt.element.table()
-    s = np.repeat(q.scales.astype(np.float64), g, axis=0)
-    z = np.zeros_like(s) if q.zeros is None else np.repeat(q.zeros.astype(np.float64), g, axis=0)
-    candidates = (table[None, None, :] - z[..., None]) * s[..., None]
+    params = {name: np.repeat(storage.to_float64(q.parameter(name)), g, axis=0)
+              for name, storage in fmt.parameters().items()}
+    s = params["scales"]
+    z = params.get("zeros", np.zeros_like(s))
+    bias = params.get("biases", np.zeros_like(s))
+    candidates = (table[None, None, :] - z[..., None]) * s[..., None] + bias[..., None]
     best = np.abs(candidates - w[..., None]).min(axis=-1)
     err = np.abs(dequantize(q) - w)
-    return float(np.max((err - best) / s))
+    return float(np.max((err - best) / np.abs(s)))

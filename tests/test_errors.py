@@ -338,7 +338,7 @@ BAD_DECLARATIONS = [
     ("group 0", lambda: m.GroupScale(0), "group_size must be a positive integer or 'K'"),
     ("group str", lambda: m.GroupScale("N"), "group_size must be a positive integer or 'K'"),
     ("group bool", lambda: m.GroupScale(True), "group_size must be a positive integer or 'K'"),
-    ("scale dtype", lambda: m.GroupScale(32, dtype="f32"), "dtype must be 'f16'"),
+    ("scale dtype", lambda: m.GroupScale(32, dtype="f64"), "dtype must be one of"),
     ("zp dtype", lambda: m.ZeroPoint("i8"), "ZeroPoint: dtype must be one of"),
     ("n >= m", lambda: m.NMSparsity(4, 4), "need n < m, got 4:4"),
     ("chunk 0", lambda: m.NMSparsity(2, 4, chunk=0), "chunk must be a positive integer"),

@@ -23,7 +23,7 @@ import marlin_dsl as md
 from marlin_dsl.errors import MarlinDSLError, ShapeError, ValueRangeError
 from marlin_dsl.formats import PER_COLUMN
 from marlin_dsl.mlx_ops import dequantize_mx, packed_to_mx
-from marlin_dsl.nn import (MarlinLinear, _run_kernel_backend, pack_fp4_weights, quantized_linear,
+from marlin_dsl.nn import (MarlinLinear, pack_fp4_weights, quantized_linear,
                            select_backend)
 from marlin_dsl.verify import sample_weights
 
@@ -188,9 +188,8 @@ def test_explicit_metal_backend_is_a_clear_error() -> None:
     packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
     with pytest.raises(MarlinDSLError, match="the Metal backend needs an Apple GPU"):
         quantized_linear(mx.zeros((1, 128)), packed, backend="metal")
-    layer = MarlinLinear(128, 16, backend="metal")
-    with pytest.raises(MarlinDSLError, match="the Metal backend needs"):
-        layer(mx.zeros((1, 128)))
+    with pytest.raises(MarlinDSLError, match="the Metal backend needs"):  # at construction
+        MarlinLinear(128, 16, backend="metal")
 
 
 @pytest.mark.skipif(bool(getattr(mx, "cuda", None) and mx.cuda.is_available()),
@@ -201,54 +200,135 @@ def test_explicit_cuda_backend_is_a_clear_error() -> None:
         quantized_linear(mx.zeros((1, 128)), packed, backend="cuda")
 
 
-def test_unknown_kernel_backend_is_a_clear_error() -> None:
-    packed = pack_fp4_weights(np.random.default_rng(0).standard_normal((128, 16)))
-    with pytest.raises(MarlinDSLError, match="no kernel launcher for 'tpu'"):
-        _run_kernel_backend("tpu", mx.zeros((1, 128)), packed)
+def test_unknown_backend_is_a_clear_error() -> None:
+    with pytest.raises(MarlinDSLError, match="backend: expected one of"):
+        select_backend("tpu")
 
 
-def test_cuda_backend_launches_the_compiled_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA path of quantized_linear without a GPU: mx.fast.cuda_kernel is replaced by a
-    stand-in that executes the kernel's IR in the interpreter with the launch it is given."""
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch):
+    """MLX's CUDA backend without a GPU: `mx.fast.cuda_kernel` is replaced by a stand-in that
+    executes the IR of the kernel it was built from (recorded when the launcher is built) in
+    the interpreter, with the buffers, launch sizes and shapes it is given. Records every
+    launch's inputs."""
     import marlin_dsl.backends.cuda_runtime as runtime
-    from marlin_dsl.compiler import compile_gemm
+    import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.nn as mnn
     from marlin_dsl.ir.interpret import run_kernel
-    from marlin_dsl.schedule import Gemm, default_schedule
-    from marlin_dsl.targets import CUDA
 
-    rng = np.random.default_rng(5)
-    packed = md.pack_int4_2of4_weights(rng.standard_normal((128, 24)))
-    fmt = packed.format
-    # 5 rows: the weight-stream schedule (2:4 values through the sparse MMA, CUDA weight layout)
-    schedule = runtime.cuda_schedule(fmt, 5)
-    assert schedule.pipeline.kind == "weight_stream" and default_schedule(fmt) != schedule
-    kernel = compile_gemm(Gemm(f"{fmt.name}_f16_{schedule.name}", fmt, schedule, "f16"), CUDA).kernel
+    kernels: dict[str, object] = {}
+    launches: list[dict] = []
+    build = runtime.build_cuda_kernel
+
+    def recording_build(kernel, name=None):
+        gemm = build(kernel, name)
+        kernels[gemm.name] = kernel
+        return gemm
 
     def fake_cuda_kernel(name, input_names, output_names, source, header, **_):
         def launch(inputs, output_shapes, output_dtypes, grid, threadgroup, init_value=None, verbose=False):
-            buffers = {n: np.array(a).ravel() for n, a in zip(input_names, inputs)}
+            launches.append({"name": name, "inputs": dict(zip(input_names, inputs)), "grid": grid})
+            buffers = {n: np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a).ravel()
+                       for n, a in zip(input_names, inputs)}
             scalars = dict(zip(("M", "N", "K"), (int(v) for v in buffers.pop("dims"))))
             for n, shape in zip(output_names, output_shapes):
-                buffers[n] = np.full(shape, np.nan, np.float16)
-            out = run_kernel(kernel, buffers, scalars)
-            return [mx.array(out[n]).reshape(shape) for n, shape in zip(output_names, output_shapes)]
+                buffers[n] = np.full(int(np.prod(shape)), np.nan, np.float32)
+            out = run_kernel(kernels[name], buffers, scalars)
+            return [mx.array(out[n]).reshape(shape).astype(dtype)
+                    for n, shape, dtype in zip(output_names, output_shapes, output_dtypes)]
         return launch
 
+    monkeypatch.setattr(runtime, "build_cuda_kernel", recording_build)
     monkeypatch.setattr(mx.fast, "cuda_kernel", fake_cuda_kernel)
+    monkeypatch.setattr(mnn, "_cuda_available", lambda: True)
     runtime.cuda_gemm.cache_clear()
-    x = rng.standard_normal((5, 128)).astype(np.float16)
-    arrays = {k: mx.array(v) for k, v in packed.arrays.items()}
-    y = _run_kernel_backend("cuda", mx.array(x), md.PackedWeights(fmt, packed.shape, arrays))
-    expected = md.reference_matmul(x.astype(np.float64), packed)
-    rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
-    assert y.shape == (5, 24) and rel < 2e-3
+    dispatch.dispatch_for.cache_clear()
+    yield launches
     runtime.cuda_gemm.cache_clear()
+    dispatch.dispatch_for.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["fp4", "int4_2of4", "fp4_blockpattern"])
+def test_cuda_backend_launches_the_compiled_kernel(fake_cuda, name: str) -> None:
+    """quantized_linear and MarlinLinear on backend "cuda": the weight in the CUDA layout made
+    on the device (2:4: fragment order and mma.sp metadata; block patterns: the format's own),
+    the schedule chosen by row count, against the float64 reference."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((256, 40))
+    packed = md.pack(md.builtin_format(name), w)
+    for m in (1, 12, 70):  # stream_m8, stream_m16_long_k, multistage_small
+        x = rng.standard_normal((m, 256)).astype(np.float16)
+        y = quantized_linear(mx.array(x), packed, backend="cuda")
+        expected = md.reference_matmul(x.astype(np.float64), packed)
+        rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
+        assert y.shape == (m, 40) and y.dtype == mx.float16 and rel < 2e-3
+    layout = "linear" if name == "fp4_blockpattern" else "lane_stream"
+    assert MarlinLinear.from_packed(packed, backend="cuda").layout == layout
+    schedules = {launch["name"].split("_f16_")[1].rsplit("_", 1)[0] for launch in fake_cuda}
+    assert len(schedules) == (1 if name == "fp4_blockpattern" else 3), schedules
+
+
+def test_second_call_does_no_host_work(fake_cuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spy: after the first call of a layer (which binds the launch), calls pass the layer's
+    own device arrays to the kernel and run no validation, layout conversion or packing."""
+    import importlib
+
+    import marlin_dsl.layers.weights as weights
+    import marlin_dsl.lowering.stream_layout as stream_layout
+    import marlin_dsl.nn as mnn
+
+    host_validate = importlib.import_module("marlin_dsl.formats.validate")  # the package exports the function
+    layer = MarlinLinear.from_linear(nn.Linear(256, 40), "fp4_2of4", backend="cuda")
+    x = mx.random.normal((3, 256), key=mx.random.key(0)).astype(mx.float16)
+    first = np.array(layer(x))
+    calls: list[str] = []
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    for module, attr in ((mnn, "validate_mx"), (mnn, "to_layout"), (mnn, "pack_mx"), (mnn, "validate"),
+                         (weights, "to_layout"), (host_validate, "validate"), (stream_layout, "stream_arrays"),
+                         (mnn, "packed_to_numpy"), (mnn, "packed_to_mx")):
+        monkeypatch.setattr(module, attr, spy(attr, getattr(module, attr)))
+    fake_cuda.clear()
+    for _ in range(3):
+        np.testing.assert_array_equal(np.array(layer(x)), first)
+    assert calls == []
+    assert len(fake_cuda) == 3
+    for launch in fake_cuda:
+        for name in ("qweight", "scales", "meta"):
+            assert launch["inputs"][name] is layer[name]  # the held arrays themselves
+
+
+def test_replaced_weights_are_checked_once(fake_cuda) -> None:
+    """update()/load_weights() replacing arrays (here in the linear layout): the next call
+    validates and converts them once; an invalid array raises, naming it and its index."""
+    rng = np.random.default_rng(8)
+    layer = MarlinLinear.from_linear(nn.Linear(256, 40), "fp4_2of4", backend="cuda")
+    packed = md.pack(md.builtin_format("fp4_2of4"), rng.standard_normal((256, 40)))
+    layer.update({name: mx.array(a) for name, a in packed.arrays.items()})
+    x = rng.standard_normal((2, 256)).astype(np.float16)
+    y = np.array(layer(mx.array(x))).astype(np.float64)
+    expected = md.reference_matmul(x.astype(np.float64), packed) + np.array(layer["bias"])
+    assert np.linalg.norm(y - expected) / np.linalg.norm(expected) < 2e-3
+    assert layer["qweight"].ndim == 1  # converted to the CUDA layout
+    bad = dict(packed.arrays)
+    bad["meta"] = bad["meta"].copy()
+    bad["meta"][2, 7] = 0xFFFFFFFF
+    layer.update({"meta": mx.array(bad["meta"]), "qweight": mx.array(bad["qweight"])})
+    with pytest.raises(ValueRangeError, match=r"meta\[2, 7\] field 0: invalid 2:4 metadata value 15"):
+        layer(mx.array(x))
 
 
 def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """The Metal path of quantized_linear, on Linux: mx.fast.metal_kernel is replaced by a
     stand-in that runs the text it is given (the kernel compiled on first use and written to
     the cache with its launcher) on the CPU harness."""
+    import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.nn as mnn
     from marlin_dsl.backends.metal import print_metal
     from marlin_dsl.backends.metal_runtime import default_schedule, metal_launcher
     from marlin_dsl.compiler import compile_gemm
@@ -259,7 +339,9 @@ def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch
     if find_compiler() is None:
         pytest.skip("no C++ compiler to run the Metal text on the CPU")
     monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path))
+    monkeypatch.setattr(mnn, "_metal_available", lambda: True)
     metal_launcher.cache_clear()
+    dispatch.dispatch_for.cache_clear()
     rng = np.random.default_rng(11)
     packed = md.pack_fp4_2of4_weights(rng.standard_normal((128, 40)))
     fmt = packed.format
@@ -273,20 +355,20 @@ def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch
             buffers = {n: np.array(a).ravel() for n, a in zip(input_names, inputs)}
             scalars = dict(zip(("M", "N", "K"), (int(v) for v in buffers.pop("dims"))))
             for n, shape in zip(output_names, output_shapes):
-                buffers[n] = np.zeros(shape, np.float16)
+                buffers[n] = np.zeros(int(np.prod(shape)), np.float16)
             out = cpu.run(buffers, scalars, (grid[0] // threadgroup[0], grid[1], grid[2]))
-            return [mx.array(out[n]) for n in output_names]
+            return [mx.array(out[n]).reshape(shape) for n, shape in zip(output_names, output_shapes)]
         return launch
 
     monkeypatch.setattr(mx.fast, "metal_kernel", fake_metal_kernel)
     x = rng.standard_normal((2, 3, 128)).astype(np.float16)
-    arrays = {k: mx.array(v) for k, v in packed.arrays.items()}
-    y = _run_kernel_backend("metal", mx.array(x), md.PackedWeights(fmt, packed.shape, arrays))
+    y = quantized_linear(mx.array(x), packed, backend="metal")
     expected = md.reference_matmul(x.reshape(6, 128).astype(np.float64), packed).reshape(2, 3, 40)
     assert y.shape == (2, 3, 40) and y.dtype == mx.float16
     rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
     assert rel < 2e-3
     assert list(tmp_path.rglob("manifest.json")), "the kernel is written to the cache"
+    dispatch.dispatch_for.cache_clear()
 
 
 # ----- MarlinLinear -----------------------------------------------------------------------
@@ -396,56 +478,15 @@ def test_from_packed_validates() -> None:
         np.testing.assert_array_equal(array, good[name])
 
 
-# ----- from_quantized_linear --------------------------------------------------------------
+# ----- from_quantized_linear (more in test_mlx_interop.py) -------------------------------
 
-def _representable_ql(k: int, n: int, bits: int, group_size: int, seed: int,
-                      max_zero: int = 255) -> nn.QuantizedLinear:
-    """An MLX affine QuantizedLinear whose groups all fit (q - z) * s: fp16 scales (stored as
-    float32, some negative as MLX's quantiser makes them) and biases b = -z * s."""
-    rng = np.random.default_rng(seed)
-    ql = nn.QuantizedLinear(k, n, bias=True, group_size=group_size, bits=bits)
-    shape = (n, k // group_size)
-    s = (rng.uniform(1e-3, 0.1, shape) * rng.choice([-1.0, 1.0], shape)).astype(np.float16)
-    z = rng.integers(0, max_zero + 1, shape)
-    ql.scales = mx.array(s.astype(np.float32))
-    ql.biases = mx.array((-z * s.astype(np.float64)).astype(np.float32))  # exact in f32
-    ql.bias = mx.array(rng.standard_normal(n).astype(np.float32))
-    return ql
-
-
-@pytest.mark.parametrize("bits, max_zero", [(4, 15), (4, 255), (3, 7), (8, 255)])
-def test_from_quantized_linear_exact(bits: int, max_zero: int) -> None:
-    k, n, gs = 256, 20, 64
-    ql = _representable_ql(k, n, bits, gs, seed=bits, max_zero=max_zero)
+@pytest.mark.parametrize("mode, bits, group", [("affine", 4, 64), ("affine", 3, 32), ("mxfp4", 4, 32)])
+def test_from_quantized_linear_loads_every_mode(mode: str, bits: int, group: int) -> None:
+    ql = nn.QuantizedLinear.from_linear(nn.Linear(256, 20), group_size=group, bits=bits, mode=mode)
     layer = MarlinLinear.from_quantized_linear(ql)
-    packed = layer.to_packed()
-    assert packed.format.name == f"uint{bits}_zp" and packed.format.scale.group_size == gs
-    if bits == 4:
-        assert packed.format == md.builtin_format("uint4_zp", gs)
-    md.validate(packed)
-    mlx_w = np.array(mx.dequantize(ql["weight"], ql["scales"], ql["biases"], gs, bits))  # [N, K]
-    # (q - z) * s and s * q + b are the same real numbers, exact in float32 on both sides.
-    np.testing.assert_array_equal(md.dequantize(packed).T, mlx_w.astype(np.float64))
-    np.testing.assert_array_equal(mx_dequant(packed).T, mlx_w)
-    x = mx.random.normal((3, k), key=mx.random.key(2))
+    mlx_w = np.array(mx.dequantize(ql["weight"], ql["scales"], ql.get("biases"), group, bits, mode,
+                                   dtype=mx.float32))  # [N, K]
+    np.testing.assert_array_equal(mx_dequant(layer.to_packed()).T, mlx_w)
+    x = mx.random.normal((3, 256), key=mx.random.key(2))
     scale = np.abs(np.array(x)) @ np.abs(mlx_w.T) + np.abs(np.array(ql.bias))
     assert np.all(np.abs(np.array(layer(x)) - np.array(ql(x))) <= 1e-5 * scale)
-
-
-def test_from_quantized_linear_not_representable() -> None:
-    k, n, gs = 256, 20, 64
-    ql = _representable_ql(k, n, 4, gs, seed=0)
-    biases = np.array(ql.biases)
-    scales = np.array(ql.scales)
-    biases[5, 1] += scales[5, 1] / 2  # zero point 0.5 off an integer at column 5, group 1
-    ql.biases = mx.array(biases)
-    with pytest.raises(MarlinDSLError, match=r"group 1 \(input features 64\.\.127\) of output "
-                                             r"column 5 .*not an integer zero point.*future work"):
-        MarlinLinear.from_quantized_linear(ql)
-    # MLX's quantiser in float32 gives scales that are not fp16 values.
-    ql = nn.QuantizedLinear.from_linear(nn.Linear(k, n), gs, 4)
-    with pytest.raises(MarlinDSLError, match=r"group \d+ .* of output column \d+ .*not exactly a float16"):
-        MarlinLinear.from_quantized_linear(ql)
-    ql = nn.QuantizedLinear(k, n, group_size=32, bits=4, mode="mxfp4")
-    with pytest.raises(MarlinDSLError, match="affine"):
-        MarlinLinear.from_quantized_linear(ql)

@@ -19,10 +19,14 @@ from ..errors import FormatError, ShapeError, SourceLocation
 from ..source import caller_location
 from .bitstream import WORD_DTYPES, fields_per_group
 from .encodings import Encoding
-from .scaling import PER_COLUMN, GroupScale, ZeroPoint
+from .scaling import PER_COLUMN, GroupBias, GroupScale, ZeroPoint
 from .sparsity import BlockPatternSparsity, NMSparsity
+from .storage import StorageType
 
 Sparsity = Union[NMSparsity, BlockPatternSparsity]
+
+#: Element names of the unsigned word arrays (codes, metadata, patterns).
+_WORD_ELEMS = {np.dtype(np.uint8): "u8", np.dtype(np.uint16): "u16", np.dtype(np.uint32): "u32"}
 
 
 @dataclass(frozen=True)
@@ -48,21 +52,36 @@ class Packing:
 
 @dataclass(frozen=True)
 class BufferSpec:
-    """One array of a packed weight: its name, shape, dtype and what it holds."""
+    """One array of a packed weight: its name, shape, numpy dtype, what it holds, and the
+    number type it holds (a `StorageType` name for parameters, else the word type), which
+    says how MLX holds it (bf16 parameters are uint16 bits in numpy, bfloat16 in MLX)."""
 
     name: str
     shape: tuple[int, int]
     dtype: np.dtype
     role: str
+    elem: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.elem:
+            object.__setattr__(self, "elem", _WORD_ELEMS[np.dtype(self.dtype)])
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape)) * self.dtype.itemsize
 
 
+#: The per-group parameter arrays a format may have, in buffer order.
+PARAMETER_ARRAYS = ("scales", "zeros", "biases")
+
+
 @dataclass(frozen=True)
 class Format:
-    """A weight format, declared as data."""
+    """A weight format, declared as data.
+
+    value = (table[code] - zero) * scale + bias per group (formats/scaling.py), 0.0 where an
+    N:M format stores nothing. `bias` (MLX's affine mode) is keyword-only.
+    """
 
     name: str
     element: Encoding
@@ -71,6 +90,7 @@ class Format:
     sparsity: Sparsity | None = None
     packing: Packing = field(default_factory=Packing)
     doc: str = ""
+    bias: GroupBias | None = field(default=None, kw_only=True)
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -89,6 +109,12 @@ class Format:
                 )
         if self.zero_point is not None and not isinstance(self.zero_point, ZeroPoint):
             raise FormatError(f"format {self.name!r}: zero_point must be a ZeroPoint or None", where)
+        if self.bias is not None and not isinstance(self.bias, GroupBias):
+            raise FormatError(f"format {self.name!r}: bias must be a GroupBias or None", where)
+        if self.bias is not None and self.zero_point is not None:
+            raise FormatError(
+                f"format {self.name!r}: declare a zero_point or a bias, not both (both offset "
+                f"a group: (q - z) * s or q * s + b)", self.bias.location or where)
         if self.sparsity is not None and not isinstance(self.sparsity, (NMSparsity, BlockPatternSparsity)):
             raise FormatError(
                 f"format {self.name!r}: sparsity must be NMSparsity, BlockPatternSparsity or None",
@@ -177,11 +203,13 @@ class Format:
         specs = [
             BufferSpec("qweight", (self.stored_k(k) * self.element.bits // word, n),
                        self.packing.numpy_dtype, "packed element codes along K"),
-            BufferSpec("scales", (groups, n), self.scale.numpy_dtype, "per-group scales"),
+            BufferSpec("scales", (groups, n), self.scale.numpy_dtype, "per-group scales",
+                       self.scale.dtype),
         ]
-        if self.zero_point is not None:
-            specs.append(BufferSpec("zeros", (groups, n), self.zero_point.numpy_dtype,
-                                    "per-group zero points"))
+        for name, part, role in (("zeros", self.zero_point, "per-group zero points"),
+                                 ("biases", self.bias, "per-group biases")):
+            if part is not None:
+                specs.append(BufferSpec(name, (groups, n), part.numpy_dtype, role, part.dtype))
         sp = self.sparsity
         if isinstance(sp, NMSparsity):
             blocks = k // sp.block_k
@@ -192,9 +220,15 @@ class Format:
                                     np.dtype(np.uint8), "block OR patterns"))
         return specs
 
+    def parameters(self) -> dict[str, StorageType]:
+        """The per-group parameter arrays of this format ("scales", then "zeros" or "biases"
+        where declared) and their number types, in buffer order."""
+        parts = {"scales": self.scale, "zeros": self.zero_point, "biases": self.bias}
+        return {name: part.storage for name, part in parts.items() if part is not None}
+
     def storage_bytes(self, k: int, n: int, include_scales: bool = True) -> int:
         """Bytes of the packed weight; without scales and zero points if asked."""
-        skip = set() if include_scales else {"scales", "zeros"}
+        skip = set() if include_scales else set(PARAMETER_ARRAYS)
         return sum(b.nbytes for b in self.buffers(k, n) if b.name not in skip)
 
     def bits_per_weight(self, k: int, n: int, include_scales: bool = True) -> float:
@@ -202,8 +236,12 @@ class Format:
 
     def describe(self) -> str:
         parts = [self.element.describe(), f"group {self.scale.group_size}"]
+        if self.scale.dtype != "f16":
+            parts.append(f"{self.scale.dtype} scales")
         if self.zero_point is not None:
             parts.append(f"zero points {self.zero_point.dtype}")
+        if self.bias is not None:
+            parts.append(f"biases {self.bias.dtype}")
         if self.sparsity is not None:
             parts.append(self.sparsity.describe())
         return ", ".join(parts)

@@ -38,9 +38,8 @@ def pack_codes(weights: QuantizedWeights) -> PackedWeights:
         arrays["qweight"] = pack_bits(kept.reshape(-1, n), bits, word)
     else:
         arrays["qweight"] = pack_bits(weights.codes, bits, word)
-    arrays["scales"] = weights.scales
-    if fmt.zero_point is not None:
-        arrays["zeros"] = weights.zeros
+    for name in fmt.parameters():
+        arrays[name] = weights.parameter(name)
     if isinstance(sp, NMSparsity):
         arrays["meta"] = pack_bits(_metadata_fields(positions, sp), sp.meta_bits, word)
     elif isinstance(sp, BlockPatternSparsity):
@@ -103,7 +102,6 @@ def unpack(packed: PackedWeights) -> QuantizedWeights:
     k, n = packed.shape
     bits, word = fmt.element.bits, fmt.packing.word_bits
     stored = unpack_bits(packed["qweight"], bits, word)
-    zeros = packed.arrays.get("zeros")
     sp = fmt.sparsity
     keep = None
     if isinstance(sp, NMSparsity):
@@ -115,7 +113,8 @@ def unpack(packed: PackedWeights) -> QuantizedWeights:
         keep = (kept if sp.chunk == 1 else np.repeat(kept, sp.chunk, axis=1)).reshape(k, n)
     else:
         codes = stored
-    return QuantizedWeights(fmt, codes, packed["scales"], zeros, keep)
+    return QuantizedWeights(fmt, codes, packed["scales"], packed.arrays.get("zeros"), keep,
+                            packed.arrays.get("biases"))
 
 
 def metadata_positions(meta: np.ndarray, sp: NMSparsity, word_bits: int) -> np.ndarray:
@@ -178,11 +177,12 @@ def _check_logical(weights: QuantizedWeights) -> None:
         raise ValueRangeError(
             f"weights.codes{bad} = {weights.codes[bad]} does not fit in {fmt.element.bits} bits"
         )
-    check_array(weights.scales, "weights.scales", (groups, n), fmt.scale.numpy_dtype)
-    if fmt.zero_point is not None:
-        if weights.zeros is None:
-            raise ShapeError(f"weights.zeros: format {fmt.name!r} needs zero points, got None")
-        check_array(weights.zeros, "weights.zeros", (groups, n), fmt.zero_point.numpy_dtype)
+    roles = {"scales": "scales", "zeros": "zero points", "biases": "biases"}
+    for name, storage in fmt.parameters().items():
+        array = weights.parameter(name)
+        if array is None:
+            raise ShapeError(f"weights.{name}: format {fmt.name!r} needs {roles[name]}, got None")
+        check_array(array, f"weights.{name}", (groups, n), storage.numpy_dtype)
     if weights.keep is not None:
         check_array(weights.keep, "weights.keep", (k, n), np.dtype(bool))
         sp = fmt.sparsity

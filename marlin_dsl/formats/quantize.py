@@ -1,6 +1,9 @@
 """Round-to-nearest quantisation of float weights into any format's codes and scales."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 from ..errors import ValueRangeError
@@ -9,17 +12,18 @@ from .encodings import nearest_codes_into
 from .format import Format
 from .tensors import QuantizedWeights, check_float_matrix
 
-_F16_MAX = float(np.finfo(np.float16).max)
-
 
 def quantize(fmt: Format, weights: object) -> QuantizedWeights:
-    """Quantise float weights [K, N] to codes, fp16 scales and (if declared) zero points.
+    """Quantise float weights [K, N] to codes, scales and (if declared) zero points or biases.
 
     Symmetric formats pick per group the smallest scale that maps the group's range into
     the encoding's table; formats with zero points use the affine range [min(w, 0),
-    max(w, 0)] so that 0.0 is exactly representable. Each element then rounds to the
-    nearest representable value, so |dequantize - w| is at most half a quantisation step.
-    Sparsity is not applied here: see `prune`.
+    max(w, 0)] so that 0.0 is exactly representable; formats with a bias map the group's
+    [min, max] onto the table's range (MLX's affine mode: s = (max - min) / (hi - lo),
+    b = min - lo * s). Scales are rounded *up* to their storage type (never shrinking, so no
+    value clips), biases to the nearest. Each element then rounds to the nearest
+    representable value, so |dequantize - w| is at most half a quantisation step (plus the
+    bias's own rounding). Sparsity is not applied here: see `prune`.
 
     All arithmetic is float64 on the weights converted to float64 (exactly, for float16/32/64
     input); it runs block by block, without a float64 copy of the whole weight.
@@ -31,34 +35,61 @@ def quantize(fmt: Format, weights: object) -> QuantizedWeights:
     fmt.check_shape(k, n)
     g = fmt.group_size_for(k)
     grouped = w.reshape(k // g, g, n)
-    table = fmt.element.table()
     # Converting to float64 is exact and preserves order, so the group extremes of the input
     # converted are those of its float64 copy.
-    group_max = grouped.max(axis=1).astype(np.float64)
-    group_min = grouped.min(axis=1).astype(np.float64)
-
-    if fmt.zero_point is None:
-        scale = _symmetric_scale(fmt, w, group_max, group_min, table)
-        scale16 = _to_f16_at_least(scale, fmt)
-        codes = _round_to_codes(fmt, w, g, scale16.astype(np.float64), None)
-        zeros = None
+    params = group_parameters(fmt, grouped.max(axis=1).astype(np.float64),
+                              grouped.min(axis=1).astype(np.float64), lambda: w)
+    if params.zero is not None:
+        codes = _round_to_codes(fmt, w, g, params.scale, affine=(params.zero, *params.table_range))
     else:
-        lo, hi = float(table.min()), float(table.max())
+        codes = _round_to_codes(fmt, w, g, params.scale, bias=params.bias)
+    return QuantizedWeights(fmt, codes, params.stored["scales"], params.stored.get("zeros"),
+                            biases=params.stored.get("biases"))
+
+
+@dataclass
+class GroupParameters:
+    """What quantisation chose per group: the stored arrays by name ("scales", "zeros",
+    "biases", in their storage types) and the exact float64 values the codes are rounded
+    with (scale; zero for zero-point formats; bias for bias formats)."""
+
+    stored: dict[str, np.ndarray]
+    scale: np.ndarray
+    zero: np.ndarray | None
+    bias: np.ndarray | None
+    table_range: tuple[float, float]
+
+
+def group_parameters(fmt: Format, group_max: np.ndarray, group_min: np.ndarray,
+                     weights: Callable[[], np.ndarray]) -> GroupParameters:
+    """Scales (and zero points or biases) from the float64 extremes [K/G, N] of each group,
+    as `quantize` picks them. `weights()` gives the [K, N] weights, needed only to name an
+    offending element in an error. The MLX packer (mlx_pack.py) shares this with numpy."""
+    table = fmt.element.table()
+    lo, hi = float(table.min()), float(table.max())
+    zero = bias = None
+    stored: dict[str, np.ndarray] = {}
+    if fmt.zero_point is not None:
         top = np.maximum(group_max, 0.0)
         bottom = np.minimum(group_min, 0.0)
-        scale = (top - bottom) / (hi - lo)
-        scale16 = _to_f16_at_least(scale, fmt)
-        s = scale16.astype(np.float64)
+        stored["scales"], s = _scale_at_least((top - bottom) / (hi - lo), fmt)
         zero = np.clip(lo - np.rint(bottom / s), lo, hi)
-        codes = _round_to_codes(fmt, w, g, s, (zero, lo, hi))
-        zeros = zero.astype(fmt.zero_point.numpy_dtype)
-    return QuantizedWeights(fmt, codes, scale16, zeros)
+        stored["zeros"] = zero.astype(fmt.zero_point.numpy_dtype)
+    elif fmt.bias is not None:
+        stored["scales"], s = _scale_at_least((group_max - group_min) / (hi - lo), fmt)
+        storage = fmt.bias.storage
+        stored["biases"] = storage.round_nearest(group_min - lo * s)
+        bias = storage.to_float64(stored["biases"])
+    else:
+        stored["scales"], s = _scale_at_least(_symmetric_scale(fmt, weights, group_max, group_min, table), fmt)
+    return GroupParameters(stored, s, zero, bias, (lo, hi))
 
 
 def _round_to_codes(fmt: Format, w: np.ndarray, g: int, s: np.ndarray,
-                    affine: tuple[np.ndarray, float, float] | None) -> np.ndarray:
+                    affine: tuple[np.ndarray, float, float] | None = None,
+                    bias: np.ndarray | None = None) -> np.ndarray:
     """[K, N] codes of w with float64 group scales s [K/G, N]: without zero points the code
-    nearest w / s; with `affine` = (zero [K/G, N], lo, hi) the code of the level
+    nearest (w - bias) / s; with `affine` = (zero [K/G, N], lo, hi) the code of the level
     clip(rint(w / s) + zero, lo, hi). Computed over cache-sized blocks of rows, with the same
     float64 operations, element by element, as on whole [K/G, G, N] arrays."""
     k, n = w.shape
@@ -66,7 +97,11 @@ def _round_to_codes(fmt: Format, w: np.ndarray, g: int, s: np.ndarray,
     scratch = np.empty((block_rows(n, g), n), dtype=np.float64)
     for r0, r1, group in row_blocks(k, n, g):
         x = scratch[: r1 - r0]
-        np.divide(w[r0:r1], s[group], out=x)  # float64: the input converts exactly
+        if bias is not None:
+            np.subtract(w[r0:r1], bias[group], out=x)
+            np.divide(x, s[group], out=x)
+        else:
+            np.divide(w[r0:r1], s[group], out=x)  # float64: the input converts exactly
         if affine is not None:
             zero, lo, hi = affine
             np.rint(x, out=x)
@@ -76,16 +111,18 @@ def _round_to_codes(fmt: Format, w: np.ndarray, g: int, s: np.ndarray,
     return codes
 
 
-def _symmetric_scale(fmt: Format, w: np.ndarray, group_max: np.ndarray,
+def _symmetric_scale(fmt: Format, weights: Callable[[], np.ndarray], group_max: np.ndarray,
                      group_min: np.ndarray, table: np.ndarray) -> np.ndarray:
     t_max, t_min = float(table.max()), float(table.min())
     if t_min >= 0 and (group_min < 0).any():
+        w = weights()
         bad = tuple(int(i) for i in np.argwhere(w < 0)[0])
         raise ValueRangeError(
             f"weights: format {fmt.name!r} ({fmt.element.describe()}) has no negative values "
             f"and no zero point, but weights{bad} = {np.float64(w[bad])} is negative"
         )
     if t_max <= 0 and (group_max > 0).any():
+        w = weights()
         bad = tuple(int(i) for i in np.argwhere(w > 0)[0])
         raise ValueRangeError(
             f"weights: format {fmt.name!r} has no positive values, but weights{bad} = "
@@ -99,16 +136,15 @@ def _symmetric_scale(fmt: Format, w: np.ndarray, group_max: np.ndarray,
     return scale
 
 
-def _to_f16_at_least(scale: np.ndarray, fmt: Format) -> np.ndarray:
-    """Round scales to fp16 without going below the float64 value (no clipping later)."""
-    if (scale > _F16_MAX).any():
-        g, col = (int(i) for i in np.argwhere(scale > _F16_MAX)[0])
+def _scale_at_least(scale: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """Scales rounded up to the format's scale storage, so no value clips later: (stored,
+    their exact float64 values). All-zero groups (scale 0) get 1.0, any positive scale works."""
+    storage = fmt.scale.storage
+    if (scale > storage.max_value).any():
+        g, col = (int(i) for i in np.argwhere(scale > storage.max_value)[0])
         raise ValueRangeError(
             f"weights: group {g} of column {col} needs scale {scale[g, col]:.6g}, beyond "
-            f"fp16's largest value {_F16_MAX} for format {fmt.name!r}"
+            f"{storage.name}'s largest value {storage.max_value} for format {fmt.name!r}"
         )
-    scale = np.where(scale > 0, scale, 1.0)  # all-zero groups: any positive scale works
-    s16 = scale.astype(np.float16)
-    low = s16.astype(np.float64) < scale
-    s16[low] = np.nextafter(s16[low], np.float16(np.inf))
-    return s16
+    stored = storage.round_up(np.where(scale > 0, scale, 1.0))
+    return stored, storage.to_float64(stored)

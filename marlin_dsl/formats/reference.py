@@ -11,8 +11,8 @@ from .tensors import PackedWeights, QuantizedWeights, check_float_matrix
 def dequantize(weights: QuantizedWeights | PackedWeights) -> np.ndarray:
     """The exact float64 value of every weight, [K, N].
 
-    value = (table[code] - zero) * scale, with the scale and zero of group k // G, and 0.0 at
-    positions an N:M format does not store.
+    value = (table[code] - zero) * scale + bias, with the parameters of group k // G (each
+    decoded exactly from its storage type), and 0.0 at positions an N:M format does not store.
     """
     if isinstance(weights, PackedWeights):
         from .layout import unpack
@@ -34,19 +34,29 @@ def _dequantize_whole(weights: QuantizedWeights) -> np.ndarray:
     k, n = weights.codes.shape
     g = fmt.group_size_for(k)
     values = fmt.element.table()[weights.codes].reshape(k // g, g, n)
-    if weights.zeros is not None:
-        values = values - weights.zeros.astype(np.float64)[:, None, :]
-    values = (values * weights.scales.astype(np.float64)[:, None, :]).reshape(k, n)
+    params = _parameters_f64(weights)
+    if "zeros" in params:
+        values = values - params["zeros"][:, None, :]
+    values = values * params["scales"][:, None, :]
+    if "biases" in params:
+        values = values + params["biases"][:, None, :]
+    values = values.reshape(k, n)
     if weights.keep is not None:
         values = np.where(weights.keep, values, 0.0)
     return values
+
+
+def _parameters_f64(weights: QuantizedWeights, rows: slice | int = slice(None)) -> dict[str, np.ndarray]:
+    """The exact float64 value of the format's per-group arrays (rows of them), by name."""
+    return {name: storage.to_float64(weights.parameter(name)[rows])
+            for name, storage in weights.format.parameters().items()}
 
 
 def blockwise_ok(weights: QuantizedWeights) -> bool:
     """True when `dequantize_rows` gives exactly the rows of `_dequantize_whole`: uint8 codes
     [K, N] that index the table, real scales (and zero points) [K/G, N], a bool keep mask."""
     fmt = weights.format
-    codes, scales, zeros, keep = weights.codes, weights.scales, weights.zeros, weights.keep
+    codes, keep = weights.codes, weights.keep
 
     def real_matrix(a: object, shape: tuple[int, int]) -> bool:
         return (isinstance(a, np.ndarray) and a.shape == shape and a.dtype.kind in "fiu"
@@ -59,7 +69,8 @@ def blockwise_ok(weights: QuantizedWeights) -> bool:
     if k == 0 or n == 0 or k % g:
         return False
     groups = (k // g, n)
-    return (real_matrix(scales, groups) and (zeros is None or real_matrix(zeros, groups))
+    parameters = [weights.parameter(name) for name in fmt.parameters()]
+    return (all(real_matrix(p, groups) for p in parameters)
             and (keep is None or (isinstance(keep, np.ndarray) and keep.shape == (k, n)
                                   and keep.dtype == np.bool_))
             and int(codes.max()) < 2**fmt.element.bits)
@@ -72,9 +83,12 @@ def dequantize_rows(weights: QuantizedWeights, r0: int, r1: int, out: np.ndarray
     # Every code is below the table's length (checked), so "clip" never clips; unlike the
     # default mode it writes `out` directly.
     np.take(weights.format.element._table, weights.codes[r0:r1], out=out, mode="clip")
-    if weights.zeros is not None:
-        np.subtract(out, weights.zeros[group].astype(np.float64), out=out)
-    np.multiply(out, weights.scales[group].astype(np.float64), out=out)
+    params = _parameters_f64(weights, group)
+    if "zeros" in params:
+        np.subtract(out, params["zeros"], out=out)
+    np.multiply(out, params["scales"], out=out)
+    if "biases" in params:
+        np.add(out, params["biases"], out=out)
     if weights.keep is not None:
         # np.where(keep, value, 0.0) as a bitwise AND of each float64 with all ones (kept) or
         # all zeros (+0.0), several times faster than a masked copy.

@@ -1,4 +1,14 @@
-"""Per-group scales and zero points along K, described as data."""
+"""Per-group scales, zero points and biases along K, described as data.
+
+One group is `group_size` consecutive K positions of one column; every parameter array is
+[K/G, N]. A decoded value is
+
+    value = (table[code] - zero) * scale + bias
+
+where `zero` is present only with a `ZeroPoint` and `bias` only with a `GroupBias` (MLX's
+affine mode, `w = s * q + b`, is `GroupBias` with an unsigned integer encoding). The number
+type of each array is a `StorageType` (formats/storage.py).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,11 +18,21 @@ import numpy as np
 
 from ..errors import FormatError, SourceLocation
 from ..source import caller_location
+from .storage import STORAGE_TYPES, StorageType
 
 #: `group_size="K"` means one scale per output column (a single group spanning K).
 PER_COLUMN = "K"
 
-_NUMPY_DTYPES: dict[str, np.dtype] = {"f16": np.dtype(np.float16), "u8": np.dtype(np.uint8)}
+#: The number types each parameter may be stored in.
+SCALE_DTYPES = ("f16", "bf16", "f32", "e8m0", "e4m3")
+ZERO_POINT_DTYPES = ("u8", "f16")
+BIAS_DTYPES = ("f16", "bf16", "f32")
+
+
+def _check_dtype(owner: str, dtype: object, allowed: tuple[str, ...],
+                 location: SourceLocation | None) -> None:
+    if dtype not in allowed:
+        raise FormatError(f"{owner}: dtype must be one of {list(allowed)}, got {dtype!r}", location)
 
 
 @dataclass(frozen=True)
@@ -20,10 +40,12 @@ class GroupScale:
     """One scale per `group_size` consecutive K positions and per column: shape [K/G, N].
 
     The group of dense position k is k // G, also for sparse formats (seed 000 section 7).
+    `dtype` is the scales' number type: f16 (default), bf16, f32, or the 8-bit codes e8m0
+    (powers of two, OCP mx formats) and e4m3 (nvfp4).
     """
 
     group_size: int | Literal["K"] = 128
-    dtype: Literal["f16"] = "f16"
+    dtype: str = "f16"
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -35,8 +57,7 @@ class GroupScale:
                 f"GroupScale: group_size must be a positive integer or 'K', got {g!r}",
                 self.location,
             )
-        if self.dtype not in ("f16",):
-            raise FormatError(f"GroupScale: dtype must be 'f16', got {self.dtype!r}", self.location)
+        _check_dtype("GroupScale", self.dtype, SCALE_DTYPES, self.location)
 
     def groups(self, k: int) -> int:
         return 1 if self.group_size == PER_COLUMN else k // int(self.group_size)
@@ -45,8 +66,12 @@ class GroupScale:
         return k if self.group_size == PER_COLUMN else int(self.group_size)
 
     @property
+    def storage(self) -> StorageType:
+        return STORAGE_TYPES[self.dtype]
+
+    @property
     def numpy_dtype(self) -> np.dtype:
-        return _NUMPY_DTYPES[self.dtype]
+        return self.storage.numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -63,12 +88,38 @@ class ZeroPoint:
     def __post_init__(self) -> None:
         if self.location is None:
             object.__setattr__(self, "location", caller_location())
-        if self.dtype not in _NUMPY_DTYPES:
-            raise FormatError(
-                f"ZeroPoint: dtype must be one of {sorted(_NUMPY_DTYPES)}, got {self.dtype!r}",
-                self.location,
-            )
+        _check_dtype("ZeroPoint", self.dtype, ZERO_POINT_DTYPES, self.location)
+
+    @property
+    def storage(self) -> StorageType:
+        return STORAGE_TYPES[self.dtype]
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        return _NUMPY_DTYPES[self.dtype]
+        return self.storage.numpy_dtype
+
+
+@dataclass(frozen=True)
+class GroupBias:
+    """A per-group additive bias b, same grid as the scales: value = table[code] * scale + b.
+
+    This is MLX's affine quantisation (`w = s * q + b`, `mx.quantize(mode="affine")`): with
+    an unsigned `IntEncoding(bits)` and scales and biases in the model's dtype (f16, bf16 or
+    f32), MLX's packed arrays load bit for bit.
+    """
+
+    dtype: Literal["f16", "bf16", "f32"] = "f16"
+    location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.location is None:
+            object.__setattr__(self, "location", caller_location())
+        _check_dtype("GroupBias", self.dtype, BIAS_DTYPES, self.location)
+
+    @property
+    def storage(self) -> StorageType:
+        return STORAGE_TYPES[self.dtype]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return self.storage.numpy_dtype

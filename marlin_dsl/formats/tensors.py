@@ -2,7 +2,7 @@
 (`PackedWeights`), plus argument checking shared by the operations on them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -15,9 +15,10 @@ class QuantizedWeights:
     """Unpacked, logical form of a quantised weight.
 
     codes:  [K, N] uint8, one code per dense position (0 at positions pruned away).
-    scales: [K/G, N] float16.
+    scales: [K/G, N] in the format's scale storage (float16 by default).
     zeros:  [K/G, N] zero points (dtype from the format) or None.
     keep:   [K, N] bool for N:M formats (True where a value is stored), else None.
+    biases: [K/G, N] per-group biases (formats with a GroupBias) or None.
     """
 
     format: Format
@@ -25,6 +26,11 @@ class QuantizedWeights:
     scales: np.ndarray
     zeros: np.ndarray | None = None
     keep: np.ndarray | None = None
+    biases: np.ndarray | None = None
+
+    def parameter(self, name: str) -> np.ndarray | None:
+        """The per-group array `name` ("scales", "zeros" or "biases"), or None."""
+        return {"scales": self.scales, "zeros": self.zeros, "biases": self.biases}[name]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -43,6 +49,9 @@ class PackedWeights:
     shape: tuple[int, int]
     arrays: dict[str, np.ndarray]
     layout: str = "linear"
+    #: what the MLX layer path derived from these arrays (validated device copies in a
+    #: kernel's layout), keyed by the arrays' identity; see marlin_dsl.nn._device_arrays
+    device_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]

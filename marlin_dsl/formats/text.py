@@ -13,7 +13,7 @@ is canonical: fixed item and attribute order, every attribute written out, float
 `repr(float)` (which reads back exactly). Print -> parse -> print is the identity and
 parse(print(f)) == f. When parsing, attributes with a default in the Python API may be left
 out, like the keyword arguments they mirror; so may the lines for packing and scale (default
-Packing() and GroupScale()), zero_point and sparsity (none) and doc (empty).
+Packing() and GroupScale()), zero_point, bias and sparsity (none) and doc (empty).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from ..errors import FormatError, SourceLocation
 from ..grammar import read_grammar
 from .encodings import FloatEncoding, IntEncoding, TableEncoding
 from .format import Format, Packing
-from .scaling import PER_COLUMN, GroupScale, ZeroPoint
+from .scaling import PER_COLUMN, GroupBias, GroupScale, ZeroPoint
 from .sparsity import BlockPatternSparsity, NMSparsity
 
 
@@ -202,6 +202,7 @@ _ITEMS: dict[str, dict[str | None, _Kind]] = {
     "scale": {"group": (GroupScale, (("size", "group_size", _group_size),
                                      ("dtype", "dtype", _ident)))},
     "zero_point": {None: (ZeroPoint, (("dtype", "dtype", _ident),))},
+    "bias": {None: (GroupBias, (("dtype", "dtype", _ident),))},
     "sparsity": {
         "nm": (NMSparsity, (("n", "n", _int), ("m", "m", _int), ("chunk", "chunk", _int))),
         "block_pattern": (BlockPatternSparsity, (("block_k", "block_k", _int),
@@ -319,6 +320,10 @@ class _FormatTransformer(AttrTransformer):
     @v_args(meta=True)
     def zero_point(self, meta: Any, children: list[list[Attr]]) -> _Item:
         return _Item("zero_point", meta.line, None, tuple(children[0]))
+
+    @v_args(meta=True)
+    def bias(self, meta: Any, children: list[list[Attr]]) -> _Item:
+        return _Item("bias", meta.line, None, tuple(children[0]))
 
     @v_args(meta=True)
     def doc(self, meta: Any, children: list[Token]) -> _Item:

@@ -6,14 +6,15 @@ import numpy as np
 from ..errors import ShapeError, ValueRangeError
 from .bitstream import unpack_bits
 from .sparsity import BlockPatternSparsity, NMSparsity
+from .storage import StorageType
 from .tensors import PackedWeights, check_array, first_index
 
 
 def validate(packed: PackedWeights) -> None:
     """Raise a ValueError subclass naming the array and index of the first problem.
 
-    Checks: the exact set of arrays, each one's shape and dtype, finite scales and zero
-    points, N:M metadata fields (strictly increasing positions below m: for 2:4 the six
+    Checks: the exact set of arrays, each one's shape and dtype, finite scales, zero points
+    and biases (decoded from their storage type: E8M0 code 255 and E4M3's NaN codes fail), N:M metadata fields (strictly increasing positions below m: for 2:4 the six
     nibbles 4, 8, 9, 12, 13, 14), and block patterns that cover every non-zero value.
     """
     fmt = packed.format
@@ -28,10 +29,11 @@ def validate(packed: PackedWeights) -> None:
         )
     for spec in specs:
         check_array(packed.arrays[spec.name], spec.name, spec.shape, spec.dtype)
-    for name in ("scales", "zeros"):
-        if name in packed.arrays and not np.isfinite(packed.arrays[name]).all():
-            bad = first_index(~np.isfinite(packed.arrays[name]))
-            raise ValueRangeError(f"{name}{bad} is not finite: {packed.arrays[name][bad]}")
+    for name, storage in fmt.parameters().items():
+        values = storage.to_float64(packed.arrays[name])
+        if not np.isfinite(values).all():
+            bad = first_index(~np.isfinite(values))
+            raise ValueRangeError(f"{name}{bad} is not finite: {describe_stored(storage, packed.arrays[name][bad])}")
     sp = fmt.sparsity
     if isinstance(sp, NMSparsity):
         fields = unpack_bits(packed["meta"], sp.meta_bits, fmt.packing.word_bits)
@@ -49,6 +51,15 @@ def validate(packed: PackedWeights) -> None:
         _check_patterns(packed, sp)
 
 
+def describe_stored(storage: StorageType, stored: object) -> str:
+    """One stored parameter as a message shows it: the value, and the code or bits it came
+    from where the storage is not a plain float (bf16 bits, E8M0/E4M3 codes)."""
+    value = float(storage.to_float64(np.asarray(stored)))
+    if storage.numpy_dtype.kind == "u" and storage.name != "u8":
+        return f"{value} ({storage.name} code {int(stored):#x})"
+    return f"{value}"
+
+
 def _check_patterns(packed: PackedWeights, sp: BlockPatternSparsity) -> None:
     from .layout import block_patterns
     from .reference import dequantized_nonzero
@@ -56,7 +67,8 @@ def _check_patterns(packed: PackedWeights, sp: BlockPatternSparsity) -> None:
 
     fmt = packed.format
     codes = unpack_bits(packed["qweight"], fmt.element.bits, fmt.packing.word_bits)
-    logical = QuantizedWeights(fmt, codes, packed["scales"], packed.arrays.get("zeros"))
+    logical = QuantizedWeights(fmt, codes, packed["scales"], packed.arrays.get("zeros"),
+                               biases=packed.arrays.get("biases"))
     required = block_patterns(fmt, dequantized_nonzero(logical))
     missing = required & ~packed["patterns"]
     if missing.any():

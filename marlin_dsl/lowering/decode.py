@@ -13,6 +13,7 @@ from typing import Callable
 from ..errors import CompileError
 from ..formats import BlockPatternSparsity, FloatEncoding, Format, IntEncoding, NMSparsity, TableEncoding
 from ..ir import F16, F32, U16, U32, Builder, ConstTable, ScalarType, Value
+from .group_params import GroupParams, GroupValues, parameter_tables
 
 Store = Callable[[Value, Value], None]  # (dense offset within the unit, value) -> emits a store
 
@@ -30,23 +31,12 @@ class UnitInputs:
     pred: Value  # the unit exists (column < N and K position < K)
 
 
-def compute_type(fmt: Format, activation: ScalarType) -> ScalarType:
-    """Dequantise in f16 when that is exact up to the final scale rounding; else in f32.
-
-    Float and integer codes (minus integer zero points) are exact in f16, so (t - z) * s
-    rounds once, as the float64 reference rounded to f16 does. Value tables (NF4) and bf16
-    activations go through f32, then round once to the activation type.
-    """
-    exact_in_f16 = isinstance(fmt.element, (FloatEncoding, IntEncoding)) and (
-        fmt.zero_point is None or fmt.zero_point.dtype == "u8")
-    return F16 if activation == F16 and exact_in_f16 else F32
-
-
 def encoding_tables(fmt: Format, prefix: str) -> list[ConstTable]:
-    """Constant tables the decode needs: value tables and block-pattern (count, offsets)."""
+    """Constant tables the decode needs: value tables (of the codes and of parameters stored
+    as codes) and block-pattern (count, offsets)."""
     from ..formats import pattern_table
 
-    tables = []
+    tables = parameter_tables(fmt, prefix)
     if isinstance(fmt.element, TableEncoding):
         tables.append(ConstTable(f"{prefix}values", F32, tuple(float(v) for v in fmt.element.table())))
     if isinstance(fmt.sparsity, BlockPatternSparsity):
@@ -77,7 +67,8 @@ class UnitDecoder:
 
     def __init__(self, b: Builder, fmt: Format, activation: ScalarType, prefix: str = "") -> None:
         self.b, self.fmt, self.act = b, fmt, activation
-        self.ctype = compute_type(fmt, activation)
+        self.params = GroupParams(b, fmt, activation, prefix)
+        self.ctype = self.params.ctype
         self.prefix = prefix
         bits, word = fmt.element.bits, fmt.packing.word_bits
         if word != 32:
@@ -135,19 +126,15 @@ class UnitDecoder:
         raw = b.bitcast(b.cast(bits, holder, hint="mag") if holder != U32 else bits, ctype, hint="raw")
         return b.binary("mul", raw, b.const(float(2.0 ** (t_bias - enc.bias)), ctype), hint="t")
 
-    def dequant(self, code: Value, scale: Value, zero: Value | None) -> Value:
-        """(table[code] - zero) * scale, rounded once to the activation type."""
-        b = self.b
-        t = self.decode(code)
-        if zero is not None:
-            t = b.binary("sub", t, zero, hint="t")
-        v = b.binary("mul", t, scale, hint="w")
-        return v if self.ctype == self.act else b.cast(v, self.act, hint="w")
+    def dequant(self, code: Value, params: GroupValues) -> Value:
+        """(table[code] - zero) * scale + bias, rounded to the activation type."""
+        v = self.params.apply(self.decode(code), params)
+        return v if self.ctype == self.act else self.b.cast(v, self.act, hint="w")
 
     # ----- one unit ------------------------------------------------------------------------
 
-    def load_group_params(self, inp: UnitInputs, n_cols: Value) -> tuple[Value, Value | None]:
-        """The unit's scale and zero point in the compute type (0 where the unit is absent)."""
+    def load_group_params(self, inp: UnitInputs, n_cols: Value) -> GroupValues:
+        """The unit's scale (zero point, bias) in the compute type (0 where it is absent)."""
         b, fmt = self.b, self.fmt
         g = fmt.scale.group_size
         if g == "K":
@@ -155,14 +142,7 @@ class UnitDecoder:
         else:
             group = b.binary("div", inp.dense_k, int(g), hint="grp")
         gidx = b.binary("add", b.binary("mul", group, n_cols, hint="gi"), inp.col, hint="gi")
-        scale = b.load("scales", gidx, F16, inp.pred, hint="s")
-        scale = scale if self.ctype == F16 else b.cast(scale, self.ctype, hint="s")
-        zero = None
-        if fmt.zero_point is not None:
-            ztype = ScalarType(fmt.zero_point.dtype)
-            zero = b.load("zeros", gidx, ztype, inp.pred, hint="z")
-            zero = zero if ztype == self.ctype else b.cast(zero, self.ctype, hint="z")
-        return scale, zero
+        return self.params.load(gidx, inp.pred)
 
     def load_words(self, buffer: str, first_row: Value, count: int, n_cols: Value, col: Value,
                    pred: Value) -> list[Value]:
@@ -176,13 +156,13 @@ class UnitDecoder:
 
     def emit_unit(self, inp: UnitInputs, n_cols: Value, store: Store) -> None:
         """Decode one unit and call `store(offset, value)` for its dense positions."""
-        scale, zero = self.load_group_params(inp, n_cols)
+        params = self.load_group_params(inp, n_cols)
         sp = self.fmt.sparsity
         if isinstance(sp, BlockPatternSparsity):
-            self._emit_block_pattern(inp, n_cols, scale, zero, store, sp)
+            self._emit_block_pattern(inp, n_cols, params, store, sp)
             return
         words = self.load_words("qweight", inp.word_row, self.value_words, n_cols, inp.col, inp.pred)
-        values = [self.dequant(self.field(words, i, self.bits), scale, zero) for i in range(self.stored)]
+        values = [self.dequant(self.field(words, i, self.bits), params) for i in range(self.stored)]
         if isinstance(sp, NMSparsity):
             self._scatter(inp, n_cols, values, store, sp)
         else:
@@ -214,7 +194,7 @@ class UnitDecoder:
                         value = b.select(hits[i], kept, value, hint="sc")
                     store(b.const(blk * sp.block_k + chunk_pos * sp.chunk + inner), value)
 
-    def _emit_block_pattern(self, inp: UnitInputs, n_cols: Value, scale: Value, zero: Value | None,
+    def _emit_block_pattern(self, inp: UnitInputs, n_cols: Value, params: GroupValues,
                             store: Store, sp: BlockPatternSparsity) -> None:
         """Seed 003: per pattern block, look up (count, offsets); zero-fill, then decode only
         the `count` listed positions. The loop is marked for the specialise pass, which
@@ -256,7 +236,7 @@ class UnitDecoder:
                 word = self._dynamic_word(words, field_index, per_word)
                 shift = b.binary("mul", b.binary("rem", field_index, per_word, hint="fs"), self.bits, hint="fs")
                 code = b.binary("and", b.binary("shr", word, shift, hint="sh"), (1 << self.bits) - 1, hint="code")
-                store(field_index, self.dequant(code, scale, zero))
+                store(field_index, self.dequant(code, params))
                 b.yield_()
 
     def _dynamic_word(self, words: list[Value], field_index: Value, per_word: int) -> Value:

@@ -20,6 +20,7 @@ from ..ir import (
 from ..schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, StripedKParallel, WeightStream
 from ..targets import Target
 from .decode import UnitDecoder, UnitInputs, encoding_tables
+from .group_params import GroupParams
 
 
 @dataclass
@@ -114,9 +115,7 @@ class GemmLowering:
     def buffers(self) -> list[BufferParam]:
         fmt, act = self.fmt, self.act
         bufs = [BufferParam("x", act, "read"), BufferParam("qweight", U32, "read"),
-                BufferParam("scales", ScalarType("f16"), "read")]
-        if fmt.zero_point is not None:
-            bufs.append(BufferParam("zeros", ScalarType(fmt.zero_point.dtype), "read"))
+                *GroupParams(self.b, fmt, act).buffers()]
         if isinstance(fmt.sparsity, NMSparsity):
             bufs.append(BufferParam("meta", U32, "read"))
         if isinstance(fmt.sparsity, BlockPatternSparsity):

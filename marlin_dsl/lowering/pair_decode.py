@@ -2,7 +2,7 @@
 (the weight-stream layout puts fragment pairs there) becomes a vec<act, 2>.
 
 When the whole dequantisation is exact in f16 (f16 activations; float or integer codes; no
-f16 zero points: `decode.compute_type`), it runs as vector (half2) arithmetic on both halves:
+f16 zero points: `group_params.compute_type`), it runs as vector (half2) arithmetic on both halves:
 
 - float codes: mask the magnitude and sign fields of both halves, shift them under f16's
   exponent and mantissa, reinterpret as half2 and rescale by 2**(15 - bias) (exact);
@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..formats import FloatEncoding, Format, IntEncoding
 from ..ir import F16, Builder, ScalarType, Value, VectorType
 from .decode import _FLOAT_LAYOUT, UnitDecoder, float_code_bits
+from .group_params import GroupValues
 
 _BOTH_HALVES = 0x00010001  # a mask for the low half, repeated in the high half
 
@@ -32,22 +33,19 @@ class PairDecoder:
         self.pair_type = VectorType(activation, 2)
 
     def splat(self, x: Value) -> Value:
-        return self.b.value("vec", [x, x], VectorType(x.type, 2), hint="v2")  # type: ignore[arg-type]
+        return self.scalar.params.splat(x)
 
-    def dequant(self, word: Value, shift: int, scale: Value, zero: Value | None) -> Value:
-        """(code - zero) * scale for the codes at bit `shift` of each half of `word`."""
+    def dequant(self, word: Value, shift: int, params: GroupValues) -> Value:
+        """(code - zero) * scale + bias for the codes at bit `shift` of each half of `word`."""
         b = self.b
         v = b.binary("shr", word, shift, hint="pw") if shift else word
         if not self.vector:
             mask = (1 << self.bits) - 1
             lo = b.binary("and", v, mask, hint="code")
             hi = b.binary("and", b.binary("shr", v, 16, hint="pw"), mask, hint="code")
-            values = [self.scalar.dequant(c, scale, zero) for c in (lo, hi)]
+            values = [self.scalar.dequant(c, params) for c in (lo, hi)]
             return b.value("vec", values, self.pair_type, hint="w2")
-        t = self._decode_pair(v)
-        if zero is not None:
-            t = b.binary("sub", t, self.splat(zero), hint="t2")
-        return b.binary("mul", t, self.splat(scale), hint="w2")
+        return self.scalar.params.apply_pair(self._decode_pair(v), params)
 
     def _decode_pair(self, v: Value) -> Value:
         b, enc = self.b, self.fmt.element

@@ -28,6 +28,7 @@ from ..ir import F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kerne
 from ..schedule import Multistage, WeightStream
 from .decode import encoding_tables
 from .gemm import GemmLowering
+from .group_params import GroupValues
 from .pair_decode import PairDecoder
 from .stream_layout import LAYOUT_NAME, VECTOR_WORDS, stream_layout
 
@@ -155,26 +156,20 @@ class StreamLowering(GemmLowering):
         return out
 
     def fetch_params(self, kv: Value) -> list[Value]:
-        """Step kv's scales (and zero points) of every N tile and row offset, flat."""
+        """Step kv's group parameters of every N tile and row offset, flat."""
         k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
         out: list[Value] = []
         for j in range(self.nsub):
-            for scale, zero in self.row_params(j, k_vec0).values():
-                out += [scale] + ([zero] if zero is not None else [])
+            for params in self.row_params(j, k_vec0).values():
+                out += params.flat()
         return out
 
-    def unpack_params(self, flat) -> list[dict]:
-        """fetch_params' flat values back as [N tile]{row offset: (scale, zero)}."""
+    def unpack_params(self, flat) -> list[dict[int, GroupValues]]:
+        """fetch_params' flat values back as [N tile]{row offset: GroupValues}."""
         rest = iter(flat)
-        params = []
-        for _ in range(self.nsub):
-            per_row = {}
-            for off in sorted(set(self.a_row_off)):
-                scale = next(rest)
-                zero = next(rest) if self.fmt.zero_point is not None else None
-                per_row[off] = (scale, zero)
-            params.append(per_row)
-        return params
+        group_params = self.pairs.scalar.params
+        return [{off: group_params.unflatten(rest) for off in sorted(set(self.a_row_off))}
+                for _ in range(self.nsub)]
 
     def unpack_fetched(self, fetched: list[Value]) -> tuple[list[Value], list[Value], list[dict] | None]:
         words = fetched[:self.nsub]
@@ -213,11 +208,10 @@ class StreamLowering(GemmLowering):
         return b.value("vload", [idx, pred], VectorType(U32, VECTOR_WORDS),
                        {"buffer": "qweight", "size": VECTOR_WORDS}, hint="qw")
 
-    def row_params(self, j: int, k_tile0: Value) -> dict[int, tuple[Value, Value | None]]:
-        """Scale (and zero point) of each distinct A row offset of this lane, for the group
-        holding dense K position k_tile0."""
-        b, fmt = self.b, self.fmt
-        g = fmt.scale.group_size
+    def row_params(self, j: int, k_tile0: Value) -> dict[int, GroupValues]:
+        """Group parameters of each distinct A row offset of this lane, for the group holding
+        dense K position k_tile0."""
+        g = self.fmt.scale.group_size
         group = self.c(0) if g == "K" else self.op2("div", k_tile0, int(g), hint="grp")
         exists = self.op2("lt", k_tile0, self.K, hint="gok")
         out = {}
@@ -226,15 +220,7 @@ class StreamLowering(GemmLowering):
             n = self.op2("add", n, off, hint="n") if off else n
             pred = self.op2("and", exists, self.op2("lt", n, self.N, hint="nok"), hint="sok")
             gidx = self.op2("add", self.op2("mul", group, self.N, hint="gi"), n, hint="gi")
-            scale = b.load("scales", gidx, ScalarType("f16"), pred, hint="s")
-            ctype = self.pairs.scalar.ctype
-            scale = scale if ctype == scale.type else b.cast(scale, ctype, hint="s")
-            zero = None
-            if fmt.zero_point is not None:
-                ztype = ScalarType(fmt.zero_point.dtype)
-                zero = b.load("zeros", gidx, ztype, pred, hint="z")
-                zero = zero if ztype == ctype else b.cast(zero, ctype, hint="z")
-            out[off] = (scale, zero)
+            out[off] = self.pairs.scalar.params.load(gidx, pred)
         return out
 
     def x_row(self, mt: int, hint: str) -> tuple[Value, Value]:
@@ -313,17 +299,16 @@ class StreamLowering(GemmLowering):
                         new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
         return new
 
-    def a_fragment(self, words: Value, tile: int, params: dict[int, tuple[Value, Value | None]]) -> Value:
+    def a_fragment(self, words: Value, tile: int, params: dict[int, GroupValues]) -> Value:
         """K tile `tile`'s A fragment, decoded pair by pair from a lane's vector of words with
-        the scale (and zero point) of each row offset."""
+        the group parameters of each row offset."""
         b, lay = self.b, self.layout
         pairs_per_tile = lay.per_lane // 2
         parts = []
         for p_ in range(pairs_per_tile):
             word, shift = lay.pair_slot(tile * pairs_per_tile + p_)
             w = b.value("extract", [words], U32, {"index": word}, hint="w")
-            scale, zero = params[self.a_row_off[2 * p_]]
-            parts.append(self.pairs.dequant(w, shift, scale, zero))
+            parts.append(self.pairs.dequant(w, shift, params[self.a_row_off[2 * p_]]))
         return b.value("frag_build", parts, self.frag_a, hint="fa")
 
     def reduce_and_store(self, accs: list[Value], wk: Value, wn: Value) -> None:

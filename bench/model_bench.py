@@ -1,0 +1,158 @@
+"""A whole mlx-lm model with marlin-dsl layers against the same model in fp16 and with mlx-lm's
+own 4-bit layers: decode tokens/s, prefill time and conversion time.
+
+Run on the GPU machine with MLX's CUDA backend and mlx-lm (see /work/shared/GPU.md). The model
+is mlx-lm's own `llama` code built from a Llama-3-8B-shaped config (hidden 4096, intermediate
+14336, 32 query / 8 KV heads, vocabulary 128256) with random fp16 weights; nothing is
+downloaded. Every variant starts from the same fp16 weights:
+
+- fp16: as built;
+- mlx_4bit_g64: `nn.quantize(model, 64, 4)` on the transformer blocks' linear layers;
+- fp4, uint4_zp, nf4, fp4_2of4: `marlin_dsl.models.convert` on the same layers.
+
+The embedding and lm_head stay fp16 in every variant (the same bytes for all). Decode:
+`mlx_lm.generate.generate_step` from a 32-token prompt, after a warm-up generation; the rate
+is over tokens 2..N (the first includes the prefill). Prefill: the time to the first token of
+`generate_step` for a 512- and a 2048-token prompt (median of `--repeats`, after a warm-up).
+
+    python bench/model_bench.py --layers 32 --out bench/results/model_h100_DATE
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+VARIANTS = ("fp16", "mlx_4bit_g64", "fp4", "uint4_zp", "nf4", "fp4_2of4")
+
+
+def llama_args(layers: int):
+    from mlx_lm.models import llama
+
+    return llama.ModelArgs(model_type="llama", hidden_size=4096, num_hidden_layers=layers,
+                           intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                           rms_norm_eps=1e-5, vocab_size=128256, rope_theta=500000.0,
+                           tie_word_embeddings=False, head_dim=128)
+
+
+def block_linear(path: str, module: nn.Module) -> bool:
+    """The transformer blocks' linear layers (not the lm_head)."""
+    return isinstance(module, nn.Linear) and ".layers." in f".{path}"
+
+
+def build(args, weights: dict | None):
+    """A model skeleton (lazy random init, never evaluated) holding the shared fp16 weights."""
+    from mlx_lm.models import llama
+
+    model = llama.Model(args)
+    if weights is None:
+        model.set_dtype(mx.float16)
+        mx.eval(model.parameters())
+    else:
+        model.update(tree_unflatten(list(weights.items())))
+    return model
+
+
+def convert_variant(model: nn.Module, variant: str) -> float:
+    """Convert the block linears in place; returns seconds (evaluated)."""
+    t0 = time.perf_counter()
+    if variant == "mlx_4bit_g64":
+        nn.quantize(model, group_size=64, bits=4, class_predicate=block_linear)
+        mx.eval(model.parameters())
+    elif variant != "fp16":
+        from marlin_dsl.models import convert
+
+        convert(model, lambda path, module: variant if block_linear(path, module) else None)
+        mx.eval(model.parameters())
+    return time.perf_counter() - t0
+
+
+def decode_rate(model: nn.Module, tokens: int, vocab: int) -> dict:
+    from mlx_lm.generate import generate_step
+
+    prompt = mx.random.randint(0, vocab, (32,))
+    for _ in zip(range(8), generate_step(prompt, model, max_tokens=8)):  # warm-up
+        pass
+    stamps = []
+    for _ in zip(range(tokens), generate_step(prompt, model, max_tokens=tokens)):
+        stamps.append(time.perf_counter())
+    per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    return {"decode_ms_per_token": per_token * 1e3, "decode_tokens_per_s": 1.0 / per_token}
+
+
+def prefill_time(model: nn.Module, length: int, repeats: int, vocab: int) -> float:
+    from mlx_lm.generate import generate_step
+
+    times = []
+    for i in range(repeats + 1):
+        prompt = mx.random.randint(0, vocab, (length,))
+        mx.eval(prompt)
+        t0 = time.perf_counter()
+        token, _ = next(generate_step(prompt, model, max_tokens=1))
+        mx.eval(token)
+        if i:  # the first is the warm-up
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    margs = llama_args(args.layers)
+    t0 = time.perf_counter()
+    base = dict(tree_flatten(build(margs, None).parameters()))
+    print(f"fp16 model: {args.layers} layers, {sum(a.nbytes for a in base.values()) / 1e9:.1f} GB, "
+          f"built in {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = []
+    for variant in args.variants:
+        model = build(margs, base)
+        seconds = convert_variant(model, variant)
+        size = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
+        row = {"variant": variant, "convert_s": seconds, "weight_gb": size / 1e9}
+        row.update(decode_rate(model, args.decode_tokens, margs.vocab_size))
+        for length in args.prefill:
+            row[f"prefill_{length}_ms"] = prefill_time(model, length, args.repeats, margs.vocab_size)
+        rows.append(row)
+        print(f"{variant:>13}: convert {seconds:6.1f} s, {row['weight_gb']:5.2f} GB, decode "
+              f"{row['decode_ms_per_token']:6.2f} ms/token ({row['decode_tokens_per_s']:6.1f} tok/s), "
+              + ", ".join(f"prefill {n}: {row[f'prefill_{n}_ms']:7.1f} ms" for n in args.prefill), flush=True)
+        del model
+        gc.collect()
+        mx.clear_cache()
+    ref = {r["variant"]: r for r in rows}.get("mlx_4bit_g64")
+    if ref:
+        print("\nagainst mlx-lm 4-bit (decode tokens/s ratio; prefill time ratio, < 1 is faster):")
+        for r in rows:
+            print(f"  {r['variant']:>13}: decode x{r['decode_tokens_per_s'] / ref['decode_tokens_per_s']:.2f}, "
+                  + ", ".join(f"prefill {n} x{r[f'prefill_{n}_ms'] / ref[f'prefill_{n}_ms']:.2f}" for n in args.prefill))
+    doc = {"device": mx.device_info() if hasattr(mx, "device_info") else str(mx.default_device()),
+           "mlx": mx.__version__, "date": date.today().isoformat(), "python": platform.python_version(),
+           "commit": args.commit, "layers": args.layers, "decode_tokens": args.decode_tokens,
+           "rows": rows}
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "model_bench.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The weight-stream layout (stream_layout.py, which says what it is) made and undone with MLX
+ops, on the device: layers convert a weight once when it arrives, without a host round trip,
+and convert back only to save it or hand it out.
+
+`stream_arrays_mx` is bit-identical to the numpy `stream_arrays`, step for step: unpack the
+codes, pad to whole vectors and N tiles, apply the K shuffle, cut A tiles, gather each lane's
+fragment elements (a take through the target's lane table), and pack pairs into 16-bit halves
+of the lane's words. `linear_arrays_mx` runs the same steps backwards with the inverse
+permutations (every step is a bijection on the padded matrix; the padding is dropped).
+Only small index tables (lane tables, the K shuffle, the sparse metadata fields, their
+inverses) come from the host, cached per layout.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import ShapeError
+from ..formats import Format, NMSparsity
+from ..mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
+from ..targets import Target
+from .stream_layout import VECTOR_WORDS, StreamLayout, stream_layout
+
+
+@lru_cache(maxsize=None)
+def _layout(fmt: Format, target: Target) -> StreamLayout:
+    return stream_layout(fmt, target)
+
+
+@lru_cache(maxsize=None)
+def _tables(fmt: Format, target: Target) -> dict[str, mx.array]:
+    """Host-side index tables of the layout as MLX arrays (small; once per layout)."""
+    lay = _layout(fmt, target)
+    lane_flat = (lay.rows * lay.tile_cols + lay.cols).astype(np.int32)  # [lanes, per_lane]
+    inverse = np.empty(lay.tile_rows * lay.tile_cols, np.int32)
+    inverse[lane_flat.ravel()] = np.arange(lane_flat.size, dtype=np.int32)
+    out = {"lane": mx.array(lane_flat), "lane_inverse": mx.array(inverse)}
+    if lay.k_perm is not None:
+        out["k_perm"] = mx.array(lay.k_perm.astype(np.int32))
+        out["k_perm_inverse"] = mx.array(np.argsort(lay.k_perm).astype(np.int32))
+    return out
+
+
+def _dims(lay: StreamLayout, stored_k: int, n: int) -> tuple[int, int]:
+    """(N tiles, K vectors) of a [stored K, N] matrix."""
+    return -(-n // lay.tile_rows), -(-stored_k // lay.chunk)
+
+
+def stream_shapes(fmt: Format, target: Target, k: int, n: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the arrays the layout changes (flat u32 words); others keep fmt.buffers'."""
+    lay = _layout(fmt, target)
+    stored = fmt.stored_k(k)
+    nt, kv = _dims(lay, stored, n)
+    shapes = {"qweight": (nt * kv * lay.lanes * VECTOR_WORDS,)}
+    if lay.sparse:
+        shapes["meta"] = (nt * kv * lay.lanes * lay.meta_words,)
+    return shapes
+
+
+def _check(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array],
+           want: dict[str, tuple[int, ...]], what: str) -> None:
+    elems = {spec.name: spec.elem for spec in fmt.buffers(*shape)}
+    for name, expected in want.items():
+        a = arrays.get(name)
+        if not isinstance(a, mx.array) or tuple(a.shape) != expected or a.dtype != mx_dtype(elems[name]):
+            got = (f"{tuple(a.shape)} {a.dtype}" if isinstance(a, mx.array) else type(a).__name__)
+            raise ShapeError(f"arrays[{name!r}]: expected the {what} layout's {expected} "
+                             f"{mx_dtype(elems[name])}, got {got}")
+
+
+# ----- linear -> weight stream -------------------------------------------------------------------
+
+def stream_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int],
+                     arrays: Mapping[str, mx.array]) -> dict[str, mx.array]:
+    """The arrays a weight-stream kernel reads (`stream_arrays`, with MLX ops): qweight (and
+    2:4 metadata) re-laid as flat u32 words, every other array passed through."""
+    k, n = shape
+    lay = _layout(fmt, target)
+    _check(fmt, shape, arrays, {s.name: tuple(s.shape) for s in fmt.buffers(k, n)
+                                if s.name in ("qweight", "meta")}, "linear")
+    out = dict(arrays)
+    codes = unpack_bits_mx(arrays["qweight"], fmt.element.bits, fmt.packing.word_bits).astype(mx.uint8)
+    out["qweight"] = _pack_values(lay, _tables(fmt, target), codes)
+    if lay.sparse:
+        out["meta"] = _pack_meta(lay, fmt, arrays["meta"], k, n)
+    return out
+
+
+def _pack_values(lay: StreamLayout, tables: dict[str, mx.array], codes: mx.array) -> mx.array:
+    ks, n = codes.shape
+    nt, kv = _dims(lay, ks, n)
+    padded = mx.pad(codes, [(0, kv * lay.chunk - ks), (0, nt * lay.tile_rows - n)])
+    if "k_perm" in tables:  # MMA position j of every chunk holds original offset k_perm[j]
+        padded = mx.take(padded.reshape(kv, lay.chunk, -1), tables["k_perm"], axis=1)
+    # [kv, tiles, cols, nt, rows] -> [nt, kv, tiles, rows * cols]: one A tile = a W^T block.
+    tiles = padded.reshape(kv, lay.tiles, lay.tile_cols, nt, lay.tile_rows).transpose(3, 0, 1, 4, 2)
+    flat = tiles.reshape(nt, kv, lay.tiles, lay.tile_rows * lay.tile_cols)
+    lane_elems = mx.take(flat, tables["lane"], axis=3)  # [nt, kv, tiles, lanes, per_lane]
+    pairs = lane_elems.transpose(0, 1, 3, 2, 4).reshape(nt, kv, lay.lanes, VECTOR_WORDS, lay.per_half, 2)
+    slot_shift = mx.array((np.arange(lay.per_half) * lay.bits).astype(np.uint32))
+    pairs = pairs.astype(mx.uint32)
+    halves = mx.left_shift(pairs[..., 0], slot_shift) + mx.left_shift(pairs[..., 1], slot_shift + 16)
+    return mx.sum(halves, axis=-1).reshape(-1)  # disjoint bits: the sum is the OR
+
+
+def _positions(fmt: Format, meta: mx.array) -> mx.array:
+    """Linear metadata words -> [blocks, n, N] kept positions (uint32)."""
+    sp = fmt.sparsity
+    assert isinstance(sp, NMSparsity)
+    fields = unpack_bits_mx(meta, sp.meta_bits, fmt.packing.word_bits)
+    shifts = mx.array((np.arange(sp.n) * sp.index_bits).astype(np.uint32))[None, :, None]
+    return mx.bitwise_and(mx.right_shift(fields[:, None, :], shifts), (1 << sp.index_bits) - 1)
+
+
+@lru_cache(maxsize=None)
+def _meta_fields(target: Target, lay_tiles: int, groups_per_tile: int) -> list[dict]:
+    """Per K tile of a vector: which metadata word, and for each lane the flat
+    (row, group, slot) indices of its fields and their bit offsets (from the target's table)."""
+    tiles = []
+    for tile in range(lay_tiles):
+        f = target.sparse_metadata(tile % 2)
+        flat = (f.rows * groups_per_tile + f.groups) * 2 + f.slots
+        lanes = {int(lane): (mx.array(flat[f.lanes == lane].astype(np.int32)),
+                             mx.array(f.bit_offsets[f.lanes == lane].astype(np.uint32)))
+                 for lane in np.unique(f.lanes)}
+        tiles.append({"word": tile // 2, "lanes": lanes, "flat": flat, "bits": f.bit_offsets,
+                      "field_lanes": f.lanes})
+    return tiles
+
+
+def _pack_meta(lay: StreamLayout, fmt: Format, meta: mx.array, k: int, n: int) -> mx.array:
+    positions = _positions(fmt, meta)  # [blocks, 2, N]
+    blocks = positions.shape[0]
+    gpt = lay.tile_cols // 2
+    nt, kv = -(-n // lay.tile_rows), -(-blocks // (gpt * lay.tiles))
+    rows_p, cols_p = kv * lay.tiles * gpt, nt * lay.tile_rows
+    padded = mx.pad(positions, [(0, rows_p - blocks), (0, 0), (0, cols_p - n)])
+    outside = (mx.arange(rows_p)[:, None, None] >= blocks) | (mx.arange(cols_p)[None, None, :] >= n)
+    slot = mx.arange(2)[None, :, None].astype(mx.uint32)
+    padded = mx.where(outside, slot, padded)  # padding: the ordered pair (0, 1)
+    # [kv, tiles, groups, slot, nt, rows] -> [nt, kv, tiles, rows * groups * slot]
+    tiled = padded.reshape(kv, lay.tiles, gpt, 2, nt, lay.tile_rows).transpose(4, 0, 1, 5, 2, 3)
+    tiled = tiled.reshape(nt, kv, lay.tiles, lay.tile_rows * gpt * 2)
+    words = [[mx.zeros((nt, kv), mx.uint32) for _ in range(lay.lanes)] for _ in range(lay.meta_words)]
+    for tile, spec in enumerate(_meta_fields(lay.sparse_target, lay.tiles, gpt)):
+        fields = tiled[:, :, tile]
+        for lane, (flat, bits) in spec["lanes"].items():
+            value = mx.sum(mx.left_shift(mx.take(fields, flat, axis=2), bits), axis=2)
+            words[spec["word"]][lane] = words[spec["word"]][lane] + value
+    stacked = mx.stack([mx.stack(per_word, axis=2) for per_word in words], axis=3)  # [nt, kv, lanes, words]
+    return stacked.reshape(-1)
+
+
+# ----- weight stream -> linear -------------------------------------------------------------------
+
+def linear_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int],
+                     arrays: Mapping[str, mx.array]) -> dict[str, mx.array]:
+    """`stream_arrays_mx`'s exact inverse: the format's linear arrays, padding dropped."""
+    k, n = shape
+    lay = _layout(fmt, target)
+    _check(fmt, shape, arrays, stream_shapes(fmt, target, k, n), "weight-stream")
+    out = dict(arrays)
+    codes = _unpack_values(lay, _tables(fmt, target), arrays["qweight"], fmt.stored_k(k), n)
+    out["qweight"] = pack_bits_mx(codes, fmt.element.bits, fmt.packing.word_bits)
+    if lay.sparse:
+        out["meta"] = _unpack_meta(lay, fmt, arrays["meta"], k, n)
+    return out
+
+
+def _unpack_values(lay: StreamLayout, tables: dict[str, mx.array], words: mx.array, ks: int, n: int) -> mx.array:
+    nt, kv = _dims(lay, ks, n)
+    w = words.reshape(nt, kv, lay.lanes, VECTOR_WORDS, 1)
+    slot_shift = mx.array((np.arange(lay.per_half) * lay.bits).astype(np.uint32))
+    mask = (1 << lay.bits) - 1
+    lo = mx.bitwise_and(mx.right_shift(w, slot_shift), mask)
+    hi = mx.bitwise_and(mx.right_shift(w, slot_shift + 16), mask)
+    pairs = mx.stack([lo, hi], axis=-1).astype(mx.uint8)  # [nt, kv, lanes, words, per_half, 2]
+    lane_elems = pairs.reshape(nt, kv, lay.lanes, lay.tiles, lay.per_lane).transpose(0, 1, 3, 2, 4)
+    flat = lane_elems.reshape(nt, kv, lay.tiles, lay.lanes * lay.per_lane)
+    tiles = mx.take(flat, tables["lane_inverse"], axis=3)  # [nt, kv, tiles, rows * cols]
+    tiles = tiles.reshape(nt, kv, lay.tiles, lay.tile_rows, lay.tile_cols).transpose(1, 2, 4, 0, 3)
+    padded = tiles.reshape(kv * lay.chunk, nt * lay.tile_rows)
+    if "k_perm_inverse" in tables:
+        padded = mx.take(padded.reshape(kv, lay.chunk, -1), tables["k_perm_inverse"], axis=1)
+        padded = padded.reshape(kv * lay.chunk, -1)
+    return padded[:ks, :n]
+
+
+def _unpack_meta(lay: StreamLayout, fmt: Format, words: mx.array, k: int, n: int) -> mx.array:
+    sp = fmt.sparsity
+    assert isinstance(sp, NMSparsity)
+    blocks = k // sp.block_k
+    gpt = lay.tile_cols // 2
+    nt, kv = -(-n // lay.tile_rows), -(-blocks // (gpt * lay.tiles))
+    w = words.reshape(nt, kv, lay.lanes, lay.meta_words)
+    per_tile = []
+    for spec in _meta_fields(lay.sparse_target, lay.tiles, gpt):
+        lane_words = mx.take(w[..., spec["word"]], mx.array(spec["field_lanes"].astype(np.int32)), axis=2)
+        fields = mx.bitwise_and(mx.right_shift(lane_words, mx.array(spec["bits"].astype(np.uint32))), 3)
+        inverse = np.empty(len(spec["flat"]), np.int32)
+        inverse[spec["flat"]] = np.arange(len(spec["flat"]), dtype=np.int32)
+        per_tile.append(mx.take(fields, mx.array(inverse), axis=2))  # [nt, kv, rows * groups * 2]
+    tiled = mx.stack(per_tile, axis=2).reshape(nt, kv, lay.tiles, lay.tile_rows, gpt, 2)
+    padded = tiled.transpose(1, 2, 4, 5, 0, 3).reshape(kv * lay.tiles * gpt, 2, nt * lay.tile_rows)
+    positions = padded[:blocks, :, :n]
+    fields = positions[:, 0] + mx.left_shift(positions[:, 1], sp.index_bits)  # sum(p_i << i*index_bits)
+    return pack_bits_mx(fields, sp.meta_bits, fmt.packing.word_bits)
+
+
+__all__ = ["linear_arrays_mx", "stream_arrays_mx", "stream_shapes"]
