@@ -88,8 +88,8 @@ def check_layout(rng: np.random.Generator) -> None:
         record("layout", name, same and round_trip, round_trip=round_trip)
 
 
-def check_layers(rng: np.random.Generator, ms: tuple[int, ...]) -> None:
-    for name in md.BUILTIN_FORMATS:
+def check_layers(rng: np.random.Generator, ms: tuple[int, ...], formats: list[str]) -> None:
+    for name in formats:
         for k, n in SHAPES:
             linear = nn.Linear(k, n, bias=True)
             linear.set_dtype(mx.float16)
@@ -148,15 +148,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="M = 1 and 65 only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checks", nargs="+", default=["pack", "layout", "layers", "mlx", "compile"],
+                        choices=["pack", "layout", "layers", "mlx", "compile"])
+    parser.add_argument("--formats", nargs="+", default=None, help="built-in formats for 'layers'")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     ms = (1, 65) if args.quick else MS
     t0 = time.time()
-    for check in (check_packing, check_layout):
-        check(rng)
-    check_layers(rng, ms)
-    check_mlx_modes(rng, ms)
-    check_compile(rng)
+    checks = {"pack": lambda: check_packing(rng), "layout": lambda: check_layout(rng),
+              "layers": lambda: check_layers(rng, ms, args.formats or list(md.BUILTIN_FORMATS)),
+              "mlx": lambda: check_mlx_modes(rng, ms), "compile": lambda: check_compile(rng)}
+    for name in args.checks:
+        checks[name]()
     failed = [r for r in results if not r["ok"]]
     print(f"\n{len(results) - len(failed)}/{len(results)} checks passed in {time.time() - t0:.0f} s "
           f"on {mx.device_info().get('device_name', mx.default_device())}, MLX {mx.__version__}")

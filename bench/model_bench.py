@@ -38,9 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 VARIANTS = ("fp16", "mlx_4bit_g64", "fp4", "uint4_zp", "nf4", "fp4_2of4")
 
 
-def llama_args(layers: int):
+def llama_args(layers: int, small: bool = False):
+    """Llama-3-8B's dimensions (or, with `small`, a tiny model to try the script on a CPU)."""
     from mlx_lm.models import llama
 
+    if small:
+        return llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=layers,
+                               intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                               rms_norm_eps=1e-5, vocab_size=1024, tie_word_embeddings=False, head_dim=64)
     return llama.ModelArgs(model_type="llama", hidden_size=4096, num_hidden_layers=layers,
                            intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                            rms_norm_eps=1e-5, vocab_size=128256, rope_theta=500000.0,
@@ -115,9 +120,10 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--small", action="store_true", help="a tiny model, to try the script")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    margs = llama_args(args.layers)
+    margs = llama_args(args.layers, args.small)
     t0 = time.perf_counter()
     base = dict(tree_flatten(build(margs, None).parameters()))
     print(f"fp16 model: {args.layers} layers, {sum(a.nbytes for a in base.values()) / 1e9:.1f} GB, "

@@ -25,7 +25,7 @@ from .api import pack_fp4_weights
 from .errors import MarlinDSLError, ShapeError, ValueRangeError
 from .formats import Format, PackedWeights, validate
 from .formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
-from .layers.dispatch import LINEAR, dispatch_for, layout_for
+from .layers.dispatch import LINEAR, check_activation, dispatch_for, layout_for
 from .layers.interop import packed_from_quantized
 from .layers.validate import validate_mx
 from .layers.weights import layout_shapes, to_layout, to_linear, which_layout
@@ -37,8 +37,6 @@ __all__ = ["MarlinLinear", "available_backends", "pack_fp4_weights", "prepare", 
 
 Backend = Literal["auto", "metal", "cuda", "mlx"]
 _BACKENDS = ("auto", "metal", "cuda", "mlx")
-#: Activation dtypes the layer computes in (the kernels' f16/bf16, and f32 for the MLX path).
-_ACTIVATION_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 # ----- backend selection ------------------------------------------------------------------
 
 def _metal_available() -> bool:
@@ -101,18 +99,10 @@ def _first_non_finite(a: mx.array) -> tuple[int, ...] | None:
 
 
 def _check_activation(x: object, k: int, check_finite: bool) -> mx.array:
-    if not isinstance(x, mx.array):
-        raise ShapeError(f"x: expected an mlx.core.array [..., K={k}], got {type(x).__name__}")
-    if x.ndim < 1:
-        raise ShapeError(f"x: expected rank >= 1 with shape [..., K={k}], got rank 0 (a scalar)")
-    if x.dtype not in _ACTIVATION_DTYPES:
-        raise ShapeError(f"x: expected dtype float16, bfloat16 or float32, got {x.dtype}")
-    if x.shape[-1] != k:
-        raise ShapeError(f"x: has K={x.shape[-1]} features (shape {tuple(x.shape)}) but the "
-                         f"weight has K={k} input features")
-    if check_finite and (bad := _first_non_finite(x)) is not None:
-        raise ValueRangeError(f"x: non-finite value {x[bad].item()} at index {bad}")
-    return x
+    check_activation(x, k)
+    if check_finite and (bad := _first_non_finite(x)) is not None:  # type: ignore[arg-type]
+        raise ValueRangeError(f"x: non-finite value {x[bad].item()} at index {bad}")  # type: ignore[index]
+    return x  # type: ignore[return-value]
 
 
 def _check_bias(bias: object, n: int, dtype: mx.Dtype | None, check_finite: bool) -> mx.array:
@@ -175,8 +165,8 @@ def quantized_linear(x: mx.array, packed: PackedWeights, bias: mx.array | None =
     k, n = packed.shape
     x = _check_activation(x, k, check_finite)
     b = None if bias is None else _check_bias(bias, n, x.dtype, check_finite)
-    y = dispatch_for(packed.format, int(k), int(n), name)(x.reshape(-1, k), arrays)
-    y = y.reshape(*x.shape[:-1], n)
+    dispatch = dispatch_for(packed.format, int(k), int(n), name)
+    y = dispatch(x, tuple(arrays[a] for a in dispatch.names))
     return y if b is None else y + b
 
 
@@ -237,11 +227,14 @@ class MarlinLinear(nn.Module):
         object.__setattr__(self, "_weight_names", tuple(spec.name for spec in fmt.buffers(*shape)))
         self._stale = False
         self._select(backend)
+        self._disarm()
 
     def _select(self, backend: Backend) -> None:
         self._backend = select_backend(backend)
         self._dispatch = dispatch_for(self.format, self.input_dims, self.output_dims, self._backend)
         self.layout = self._dispatch.layout
+        if hasattr(self, "_call"):
+            self._disarm()
 
     def _install(self, linear: dict) -> None:
         """Hold linear-layout device arrays (already valid) in this layer's layout."""
@@ -249,11 +242,68 @@ class MarlinLinear(nn.Module):
         for name in self._weight_names:
             dict.__setitem__(self, name, arrays[name])  # not a replacement from outside
         self._stale = False
+        self._disarm()
+
+    # The per-call path is a closure over the dispatch, the held arrays and the bias, built on
+    # the first call after anything it captures changes (`_disarm` marks that).
+
+    def _disarm(self) -> None:
+        object.__setattr__(self, "_call", self._arm_and_call)
+
+    def _arm_and_call(self, x: mx.array) -> mx.array:
+        self.prepare()
+        object.__setattr__(self, "_call", self._closure())
+        return self._call(x)
+
+    def _closure(self):
+        dispatch = self._dispatch
+        launches, launch_for = dispatch.launches, dispatch.launch
+        weights = tuple(self[name] for name in dispatch.names)
+        bias = self.get("bias")
+        k, check_finite = self.input_dims, self.check_finite
+        cast_bias: dict[mx.Dtype, mx.array] = {}
+
+        def call(x: mx.array) -> mx.array:
+            if check_finite:
+                _check_activation(x, k, True)
+            try:
+                launch = launches[(x.shape, x.dtype)]
+            except (KeyError, AttributeError, TypeError):  # first call with this shape, or bad x
+                launch = launch_for(x)
+            y = launch(x, weights)
+            if bias is None:
+                return y
+            if bias.dtype == y.dtype:
+                return y + bias
+            b = cast_bias.get(y.dtype)
+            if b is None:
+                b = cast_bias[y.dtype] = bias.astype(y.dtype)
+            return y + b
+
+        return call
+
+    @property
+    def check_finite(self) -> bool:
+        """NaN/Inf in x raise ValueRangeError (a sync per call; off by default)."""
+        return self._check_finite
+
+    @check_finite.setter
+    def check_finite(self, value: bool) -> None:
+        object.__setattr__(self, "_check_finite", bool(value))
+        if hasattr(self, "_call"):
+            self._disarm()
 
     def __setitem__(self, key: str, value: object) -> None:
         super().__setitem__(key, value)
         if key in getattr(self, "_weight_names", ()):
             self._stale = True  # update()/load_weights(): check and convert before the next use
+        if key == "bias" or key in getattr(self, "_weight_names", ()):
+            self._disarm()
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        if key == "bias":
+            self._disarm()
 
     @property
     def weight_arrays(self) -> dict[str, mx.array]:
@@ -384,21 +434,7 @@ class MarlinLinear(nn.Module):
     # ----- the call ------------------------------------------------------------------------
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self._stale:
-            self.prepare()
-        k = self.input_dims
-        if not isinstance(x, mx.array) or x.ndim < 1 or x.shape[-1] != k or x.dtype not in _ACTIVATION_DTYPES:
-            _check_activation(x, k, False)  # raises, naming what is wrong
-        if self.check_finite:
-            _check_activation(x, k, True)
-        lead = x.shape[:-1]
-        y = self._dispatch(x.reshape(-1, k) if len(lead) != 1 else x, self)
-        if len(lead) != 1:
-            y = y.reshape(*lead, self.output_dims)
-        if "bias" in self:
-            bias = self["bias"]
-            y = y + (bias if bias.dtype == y.dtype else bias.astype(y.dtype))
-        return y
+        return self._call(x)
 
     def _extra_repr(self) -> str:
         return (f"input_dims={self.input_dims}, output_dims={self.output_dims}, "

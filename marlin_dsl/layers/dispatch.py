@@ -1,25 +1,27 @@
 """What a layer runs for each call: one `Dispatch` per (format, weight shape, backend), shared
-by every layer of that kind, holding the kernels per row count.
+by every layer of that kind, holding one *launch* per activation shape and dtype.
 
-A call of `MarlinLinear` is `dispatch(x2, arrays)`: a dictionary lookup of the launch bound to
-this row count and activation type (built once: schedule, kernel, grid, output shapes, the
-`dims` array), then one `mx.fast.*_kernel` call. Nothing on this path touches numpy, copies
-to the host or synchronises, so it runs inside `mx.compile` too. Kernels are compiled on
-first use of a schedule (compilation is cached per schedule by `cuda_runtime.cuda_gemm`) and
-shared by all layers of the format.
+A call of `MarlinLinear` is `dispatch.launches[(x.shape, x.dtype)](x, weights)`: a dictionary
+lookup, then one `mx.fast.*_kernel` call with the layer's arrays (a tuple, in the kernel's
+input order). Everything else is fixed when the launch is built on the first call with that
+shape (schedule by row count, kernel, grid, output shape, the `dims` array), which is also
+where x is checked. Nothing on this path touches numpy, copies to the host or synchronises,
+so it runs inside `mx.compile` too. Kernels are compiled on first use of a schedule (cached
+per schedule by `cuda_runtime.cuda_gemm`) and shared by all layers of the format.
 
 `layout` is the physical layout a backend's kernels read (`layers.weights`): the CUDA
 weight-stream layout where the format has one, else the format's own linear layout.
 """
 from __future__ import annotations
 
+import math
 import os
 from functools import lru_cache
-from typing import Callable, Mapping
+from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from ..errors import MarlinDSLError, ScheduleError
+from ..errors import MarlinDSLError, ScheduleError, ShapeError
 from ..formats import Format
 from ..mlx_ops import dequantize_mx
 
@@ -27,71 +29,97 @@ LINEAR = "linear"
 #: MARLIN_DSL_POISON=1 fills kernel outputs with NaN before each launch, so that an element a
 #: kernel fails to write shows (for checks; it costs a fill per call).
 _INIT_VALUE = float("nan") if os.environ.get("MARLIN_DSL_POISON") else None
+#: Activation dtypes layers take; the kernels compute in f16 or bf16 (f32 runs as f16).
+ACTIVATION_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+_KERNEL_ACTIVATION = {mx.float16: "f16", mx.bfloat16: "bf16", mx.float32: "f16"}
+#: Launches kept per Dispatch (one per distinct activation shape seen); beyond, start over.
+_MAX_LAUNCHES = 4096
 
-#: MLX activation dtype -> the kernels' activation type name.
-_KERNEL_ACTIVATION = {mx.float16: "f16", mx.bfloat16: "bf16"}
+Launch = Callable[[mx.array, Sequence[mx.array]], mx.array]
+
+
+def check_activation(x: object, k: int) -> mx.array:
+    """x, or ShapeError saying what is wrong with it as a layer's input [..., K]."""
+    if not isinstance(x, mx.array):
+        raise ShapeError(f"x: expected an mlx.core.array [..., K={k}], got {type(x).__name__}")
+    if x.ndim < 1:
+        raise ShapeError(f"x: expected rank >= 1 with shape [..., K={k}], got rank 0 (a scalar)")
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise ShapeError(f"x: expected dtype float16, bfloat16 or float32, got {x.dtype}")
+    if x.shape[-1] != k:
+        raise ShapeError(f"x: has K={x.shape[-1]} features (shape {tuple(x.shape)}) but the "
+                         f"weight has K={k} input features")
+    return x
 
 
 class Dispatch:
-    """y [M, N] = x2 [M, K] @ W for one (format, [K, N], backend); see the module docstring.
-    `arrays` maps the weight's array names to the arrays in `layout` (it may hold more)."""
+    """y [..., N] = x [..., K] @ W for one (format, [K, N], backend); see the module docstring.
+    `launch(x)` is the launch for x's shape and dtype; `names` the weight arrays it takes."""
 
     layout: str = LINEAR
 
     def __init__(self, fmt: Format, k: int, n: int) -> None:
         self.fmt, self.k, self.n = fmt, k, n
+        self.names = tuple(spec.name for spec in fmt.buffers(k, n))
+        self.launches: dict[tuple, Launch] = {}
 
-    def __call__(self, x2: mx.array, arrays: Mapping[str, mx.array]) -> mx.array:
+    def launch(self, x: mx.array) -> Launch:
+        key = (x.shape, x.dtype)
+        found = self.launches.get(key)
+        if found is None:
+            check_activation(x, self.k)
+            if len(self.launches) >= _MAX_LAUNCHES:
+                self.launches.clear()
+            found = self.launches[key] = self._build(tuple(x.shape), x.dtype)
+        return found
+
+    def __call__(self, x: mx.array, weights: Sequence[mx.array]) -> mx.array:
+        return self.launch(x)(x, weights)
+
+    def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         raise NotImplementedError
 
 
 class MlxOpsDispatch(Dispatch):
     """Dequantise with MLX ops, then `mx.matmul`: runs on every MLX device (the CPU too)."""
 
-    def __init__(self, fmt: Format, k: int, n: int) -> None:
-        super().__init__(fmt, k, n)
-        self.names = [spec.name for spec in fmt.buffers(k, n)]
+    def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
+        fmt, kn, names = self.fmt, (self.k, self.n), self.names
 
-    def __call__(self, x2: mx.array, arrays: Mapping[str, mx.array]) -> mx.array:
-        w = dequantize_mx(self.fmt, (self.k, self.n), {name: arrays[name] for name in self.names})
-        return mx.matmul(x2, w.astype(x2.dtype))
+        def run(x: mx.array, weights: Sequence[mx.array]) -> mx.array:
+            w = dequantize_mx(fmt, kn, dict(zip(names, weights)))
+            return mx.matmul(x, w.astype(x.dtype))
+
+        return run
 
 
-class _BoundLaunch:
-    """One kernel bound to one problem size: everything but x and the weight arrays is fixed."""
+class _KernelLaunch:
+    """One kernel bound to one activation shape: everything but x and the weights is fixed."""
 
-    __slots__ = ("kernel", "names", "dims", "grid", "threadgroup", "shapes", "dtypes", "y_index")
+    __slots__ = ("kernel", "dims", "grid", "threadgroup", "shapes", "dtypes", "cast")
 
-    def __init__(self, kernel, names, dims, grid, threadgroup, shapes, dtypes, y_index) -> None:
-        self.kernel, self.names, self.dims = kernel, names, dims
-        self.grid, self.threadgroup, self.shapes, self.dtypes = grid, threadgroup, shapes, dtypes
-        self.y_index = y_index
+    def __init__(self, kernel, dims: mx.array, grid, threadgroup, out_shape, out_dtype,
+                 cast: mx.Dtype | None) -> None:
+        self.kernel, self.dims, self.grid, self.threadgroup = kernel, dims, grid, threadgroup
+        self.shapes, self.dtypes, self.cast = [out_shape], [out_dtype], cast
 
-    def __call__(self, x2: mx.array, arrays: Mapping[str, mx.array]) -> mx.array:
-        inputs = [x2 if n == "x" else self.dims if n == "dims" else arrays[n] for n in self.names]
-        outs = self.kernel(inputs=inputs, output_shapes=self.shapes, output_dtypes=self.dtypes,
-                           grid=self.grid, threadgroup=self.threadgroup, init_value=_INIT_VALUE)
-        return outs[self.y_index]
+    def __call__(self, x: mx.array, weights: Sequence[mx.array]) -> mx.array:
+        if self.cast is not None:  # f32 activations: the kernel runs in f16
+            x = x.astype(mx.float16)
+        y = self.kernel(inputs=[x, *weights, self.dims], output_shapes=self.shapes,
+                        output_dtypes=self.dtypes, grid=self.grid, threadgroup=self.threadgroup,
+                        init_value=_INIT_VALUE)[0]
+        return y if self.cast is None else y.astype(self.cast)
 
 
 class _KernelDispatch(Dispatch):
-    """Our kernels: a launch bound per (row count, activation dtype), made on first use."""
+    """Our kernels: inputs x, the weight arrays in buffer order, dims; the only output y."""
 
-    def __init__(self, fmt: Format, k: int, n: int) -> None:
-        super().__init__(fmt, k, n)
-        self._bound: dict[tuple[int, mx.Dtype], _BoundLaunch] = {}
-
-    def __call__(self, x2: mx.array, arrays: Mapping[str, mx.array]) -> mx.array:
-        m, dtype = x2.shape[0], x2.dtype
-        launch = self._bound.get((m, dtype))
-        if launch is None:
-            launch = self._bound[(m, dtype)] = self._bind(m, dtype)
-        if dtype not in _KERNEL_ACTIVATION:  # f32 activations run as f16
-            return launch(x2.astype(mx.float16), arrays).astype(dtype)
-        return launch(x2, arrays)
-
-    def _bind(self, m: int, dtype: mx.Dtype) -> _BoundLaunch:
-        raise NotImplementedError
+    def _check_io(self, name: str, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+        expected = ["x", *self.names, "dims"]
+        if list(inputs) != expected or list(outputs) != ["y"]:
+            raise MarlinDSLError(f"kernel {name}: takes {list(inputs)} -> {list(outputs)}; layers "
+                                 f"launch kernels of {expected} -> ['y']")
 
 
 class CudaDispatch(_KernelDispatch):
@@ -108,43 +136,38 @@ class CudaDispatch(_KernelDispatch):
         except ScheduleError:  # no weight-stream layout: the fused kernel reads the linear one
             self.layout = LINEAR
 
-    def _bind(self, m: int, dtype: mx.Dtype) -> _BoundLaunch:
+    def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         from ..backends.cuda_runtime import cuda_gemm, cuda_schedule
 
-        gemm = cuda_gemm(self.fmt, _KERNEL_ACTIVATION.get(dtype, "f16"), cuda_schedule(self.fmt, m, self.k, self.n))
+        m = math.prod(shape[:-1])
+        activation = _KERNEL_ACTIVATION[dtype]
+        gemm = cuda_gemm(self.fmt, activation, cuda_schedule(self.fmt, m, self.k, self.n))
         source = gemm.source
-        if source.inout_inputs:
-            raise MarlinDSLError(f"kernel {source.name}: layers do not run kernels with zeroed "
-                                 f"state buffers ({source.inout_inputs})")
-        if (gemm.source.attrs.get("weight_layout") or LINEAR) != self.layout:
-            raise MarlinDSLError(f"kernel {source.name}: reads layout "
-                                 f"{gemm.source.attrs.get('weight_layout')!r}, the layer holds {self.layout!r}")
+        self._check_io(source.name, source.input_names, source.output_names)
+        layout = source.attrs.get("weight_layout") or LINEAR
+        if layout != self.layout:
+            raise MarlinDSLError(f"kernel {source.name}: reads layout {layout!r}, the layer holds {self.layout!r}")
         scalars = {"M": m, "N": self.n, "K": self.k}
         grid, threadgroup = source.launch_dims(scalars)
-        out_dtype = {"f16": mx.float16, "bf16": mx.bfloat16}
-        shapes = [(m, self.n) if name == "y" else (0,) for name in source.output_names]
-        dtypes = [out_dtype[source.elems[name]] if name == "y" else mx.float32 for name in source.output_names]
-        if any(name != "y" for name in source.output_names):
-            raise MarlinDSLError(f"kernel {source.name}: layers run kernels whose only output is y")
-        return _BoundLaunch(gemm.kernel, list(source.input_names), mx.array(source.dims(scalars)),
-                            grid, threadgroup, shapes, dtypes, source.output_names.index("y"))
+        out_dtype = mx.float16 if activation == "f16" else mx.bfloat16
+        return _KernelLaunch(gemm.kernel, mx.array(source.dims(scalars)), grid, threadgroup,
+                             (*shape[:-1], self.n), out_dtype, mx.float32 if dtype == mx.float32 else None)
 
 
 class MetalDispatch(_KernelDispatch):
     """Our Metal kernels (the format's default schedule) through `mx.fast.metal_kernel`."""
 
-    def _bind(self, m: int, dtype: mx.Dtype) -> _BoundLaunch:
+    def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         from ..backends.metal_runtime import metal_launcher
 
-        module = metal_launcher(self.fmt, _KERNEL_ACTIVATION.get(dtype, "f16"))
+        m = math.prod(shape[:-1])
+        module = metal_launcher(self.fmt, _KERNEL_ACTIVATION[dtype])
+        self._check_io(module.NAME, module.INPUT_NAMES, module.OUTPUT_NAMES)
         gx, gy, gz = module.threadgroups(m, self.n, self.k)
-        specs = module.output_specs(m, self.n, self.k)
-        names = list(module.OUTPUT_NAMES)
-        shapes = [(m, self.n) if name == "y" else shape for name, shape, _ in specs]
-        return _BoundLaunch(module.kernel(), list(module.INPUT_NAMES),
-                            mx.array([m, self.n, self.k], dtype=mx.uint32),
-                            (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1), shapes,
-                            [dtype_ for _, _, dtype_ in specs], names.index("y"))
+        (_, _, out_dtype), = module.output_specs(m, self.n, self.k)
+        return _KernelLaunch(module.kernel(), mx.array([m, self.n, self.k], dtype=mx.uint32),
+                             (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1),
+                             (*shape[:-1], self.n), out_dtype, mx.float32 if dtype == mx.float32 else None)
 
 
 _DISPATCH: dict[str, Callable[[Format, int, int], Dispatch]] = {
@@ -162,4 +185,4 @@ def layout_for(fmt: Format, k: int, n: int, backend: str) -> str:
     return dispatch_for(fmt, k, n, backend).layout
 
 
-__all__ = ["Dispatch", "LINEAR", "dispatch_for", "layout_for"]
+__all__ = ["ACTIVATION_DTYPES", "Dispatch", "LINEAR", "check_activation", "dispatch_for", "layout_for"]
