@@ -340,6 +340,17 @@ class CudaSource:
         """The `dims` input for these launch scalars."""
         return np.array([int(scalars[n]) for n in self.scalar_names], dtype=np.uint32)
 
+    def compact(self) -> "CudaSource":
+        """The same kernel as compact text (backends/cuda_compact.py): comments and layout
+        removed, the prelude cut to what this kernel uses. What MLX launches: its host cost
+        per launch grows with the text."""
+        from dataclasses import replace
+
+        from .cuda_compact import compact_cuda, trim_prelude
+
+        return replace(self, prelude=trim_prelude(self.prelude, self.declarations + self.body),
+                       declarations=compact_cuda(self.declarations), body=compact_cuda(self.body))
+
     def mlx_kernel(self, name: str | None = None):
         """This kernel as `mx.fast.cuda_kernel(...)` (needs MLX's CUDA backend to run)."""
         import mlx.core as mx

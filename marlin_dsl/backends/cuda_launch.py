@@ -90,12 +90,10 @@ class CudaGemm:
 
     @property
     def kernel(self):
-        """The `mx.fast.cuda_kernel` object (created on first use)."""
+        """The `mx.fast.cuda_kernel` object (created on first use), of the compact text
+        (`CudaSource.compact`: MLX's per-launch host cost grows with the text)."""
         if self._kernel is None:
-            s = self.source
-            self._kernel = _mx().fast.cuda_kernel(
-                name=self.name, input_names=list(s.input_names), output_names=list(s.output_names),
-                source=s.body, header=s.header, **s.shared_memory_kwargs)
+            self._kernel = self.source.compact().mlx_kernel(self.name)
         return self._kernel
 
     def weights(self, packed) -> CudaWeights:

@@ -1,0 +1,80 @@
+"""The compact CUDA text that layers hand to MLX (backends/cuda_compact.py): the same tokens as
+the readable text minus comments, nvcc compiles it (MLX's own translation-unit form) for every
+pipeline, and the prelude keeps exactly what a kernel uses."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import marlin_dsl as md
+from marlin_dsl import CUDA, Gemm
+from marlin_dsl.backends.cuda import find_nvcc, nvcc_check, prelude, print_cuda
+from marlin_dsl.backends.cuda_compact import compact_cuda, trim_prelude
+from marlin_dsl.backends.cuda_launch import gemm_inout_inputs
+from marlin_dsl.compiler import compile_gemm
+from marlin_dsl.schedule import default_schedule, multistage_schedule, stream_schedule
+
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed here")
+
+#: Tokens of C++ as far as these tests need: literals, identifiers and numbers, punctuation.
+_TOKENS = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|[A-Za-z_]\w*|\d[\w.]*|==|!=|<=|>=|<<|>>|&&|\|\||::|->|\+\+|--|[^\s\w]')
+
+
+def _tokens(text: str) -> list[str]:
+    text = re.sub(r"//[^\n]*", "", text)  # the readable side's comments (none sit inside strings here)
+    return _TOKENS.findall(text)
+
+
+def _kernels() -> list:
+    out = []
+    for name in ("fp4", "uint4_zp", "nf4", "fp4_2of4", "fp4_blockpattern"):
+        fmt = md.builtin_format(name)
+        schedules = [default_schedule(fmt)]
+        if fmt.sparsity is None or name == "fp4_2of4":
+            schedules += [stream_schedule(fmt, 1, CUDA, 4096, 4096), stream_schedule(fmt, 16, CUDA, 4096, 1024),
+                          multistage_schedule(fmt, 2048, CUDA, 4096, 4096)]
+        for schedule in schedules:
+            for act in ("f16", "bf16"):
+                kernel = compile_gemm(Gemm(f"c_{name}_{schedule.name}_{act}", fmt, schedule, act), CUDA).kernel
+                out.append(print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def printed() -> list:
+    return _kernels()
+
+
+def test_compact_keeps_every_token_but_comments(printed) -> None:
+    for src in printed:
+        for text in (src.body, src.declarations, src.prelude):
+            assert _tokens(compact_cuda(text)) == _tokens(text), src.name
+
+
+def test_compact_is_much_shorter(printed) -> None:
+    """Shorter everywhere; the decode kernels (whose launch cost matters) by a third."""
+    for src in printed:
+        compact = src.compact()
+        ratio = (len(compact.header) + len(compact.body)) / (len(src.header) + len(src.body))
+        assert ratio < (0.7 if "stream_m8" in src.name else 0.85), (src.name, ratio)
+
+
+def test_squeezing_keeps_operators_apart() -> None:
+    text = "  a = b == c;  // note\n  d <= e; f != g; h = -i; j += k; y[i] = v; z <<= 2;\n  s = \"x = y // z\";\n"
+    assert compact_cuda(text) == 'a=b == c;\nd <= e;f != g;h=-i;j += k;y[i]=v;z <<= 2;\ns="x = y // z";\n'
+
+
+def test_prelude_keeps_what_a_kernel_uses_and_what_that_needs() -> None:
+    trimmed = trim_prelude(prelude(), "mdsl::frag_c v = mdsl::mma(a, b, c);")
+    assert "mma(" in trimmed and "struct frag_a" in trimmed and "struct frag_b{" in trimmed
+    assert "cp_async" not in trimmed and "mma_sp" not in trimmed and "load_a" not in trimmed
+    assert trimmed.count("#ifndef") == trimmed.count("#endif")
+
+
+@needs_nvcc
+def test_nvcc_compiles_the_compact_text_mlx_builds(printed) -> None:
+    """MLX's own translation unit of the compact text, for sm_80 and sm_90."""
+    results = nvcc_check([src.compact() for src in printed], archs=("sm_80", "sm_90"), jobs=2, form="mlx")
+    failed = [r for r in results if not r.ok]
+    assert not failed, "\n\n".join(f"{r.summary()}\n{r.log}" for r in failed)
