@@ -8,11 +8,12 @@ downloaded. Every variant starts from the same fp16 weights:
 
 - fp16: as built;
 - mlx_4bit_g64: `nn.quantize(model, 64, 4)` on the transformer blocks' linear layers;
-- fp4, uint4_zp, nf4, fp4_2of4: `marlin_dsl.models.convert` on the same layers.
+- fp4, uint4_zp, nf4, fp4_2of4: `marlin_dsl.models.convert` on the same layers (q/k/v and
+  gate/up fused, the default); fp4-unfused: each linear layer on its own.
 
 The embedding and lm_head stay fp16 in every variant (the same bytes for all). Decode:
 `mlx_lm.generate.generate_step` from a 32-token prompt, after a warm-up generation; the rate
-is over tokens 2..N (the first includes the prefill). Prefill: the time to the first token of
+is over tokens 2..N (the first includes the prefill), the median of `--repeats` runs. Prefill: the time to the first token of
 `generate_step` for a 512- and a 2048-token prompt (median of `--repeats`, after a warm-up).
 
     python bench/model_bench.py --layers 32 --out bench/results/model_h100_DATE
@@ -35,7 +36,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-VARIANTS = ("fp16", "mlx_4bit_g64", "fp4", "uint4_zp", "nf4", "fp4_2of4")
+VARIANTS = ("fp16", "mlx_4bit_g64", "fp4", "uint4_zp", "nf4", "fp4_2of4", "fp4-unfused")
 
 
 def llama_args(layers: int, small: bool = False):
@@ -79,22 +80,47 @@ def convert_variant(model: nn.Module, variant: str) -> float:
     elif variant != "fp16":
         from marlin_dsl.models import convert
 
-        convert(model, lambda path, module: variant if block_linear(path, module) else None)
+        name, _, option = variant.partition("-")  # "fp4-unfused": q/k/v and gate/up separately
+        convert(model, lambda path, module: name if block_linear(path, module) else None,
+                **({"fuse": ()} if option == "unfused" else {}))
         mx.eval(model.parameters())
     return time.perf_counter() - t0
 
 
-def decode_rate(model: nn.Module, tokens: int, vocab: int) -> dict:
+def decode_rate(model: nn.Module, tokens: int, vocab: int, repeats: int) -> dict:
+    """The median over `repeats` generations of the time per token (tokens 2..N)."""
     from mlx_lm.generate import generate_step
 
     prompt = mx.random.randint(0, vocab, (32,))
     for _ in zip(range(8), generate_step(prompt, model, max_tokens=8)):  # warm-up
         pass
-    stamps = []
-    for _ in zip(range(tokens), generate_step(prompt, model, max_tokens=tokens)):
-        stamps.append(time.perf_counter())
-    per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
-    return {"decode_ms_per_token": per_token * 1e3, "decode_tokens_per_s": 1.0 / per_token}
+    rates = []
+    for _ in range(repeats):
+        stamps = []
+        for _ in zip(range(tokens), generate_step(prompt, model, max_tokens=tokens)):
+            stamps.append(time.perf_counter())
+        rates.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+    per_token = statistics.median(rates)
+    return {"decode_ms_per_token": per_token * 1e3, "decode_tokens_per_s": 1.0 / per_token,
+            "graph_build_ms_per_token": graph_build_time(model, prompt) * 1e3}
+
+
+def graph_build_time(model: nn.Module, prompt: mx.array, steps: int = 32) -> float:
+    """Seconds of Python (building one decode step's graph, not evaluating it) per token: the
+    host work that generate_step overlaps with the device's."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(prompt[None], cache=cache))
+    token = prompt[-1:][None]
+    total = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        logits = model(token, cache=cache)
+        total += time.perf_counter() - t0
+        token = mx.argmax(logits[:, -1, :], axis=-1)[:, None]
+        mx.eval(token)
+    return total / steps
 
 
 def prefill_time(model: nn.Module, length: int, repeats: int, vocab: int) -> float:
@@ -134,12 +160,13 @@ def main() -> int:
         seconds = convert_variant(model, variant)
         size = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
         row = {"variant": variant, "convert_s": seconds, "weight_gb": size / 1e9}
-        row.update(decode_rate(model, args.decode_tokens, margs.vocab_size))
+        row.update(decode_rate(model, args.decode_tokens, margs.vocab_size, args.repeats))
         for length in args.prefill:
             row[f"prefill_{length}_ms"] = prefill_time(model, length, args.repeats, margs.vocab_size)
         rows.append(row)
         print(f"{variant:>13}: convert {seconds:6.1f} s, {row['weight_gb']:5.2f} GB, decode "
-              f"{row['decode_ms_per_token']:6.2f} ms/token ({row['decode_tokens_per_s']:6.1f} tok/s), "
+              f"{row['decode_ms_per_token']:6.2f} ms/token ({row['decode_tokens_per_s']:6.1f} tok/s, "
+              f"graph build {row['graph_build_ms_per_token']:5.2f} ms), "
               + ", ".join(f"prefill {n}: {row[f'prefill_{n}_ms']:7.1f} ms" for n in args.prefill), flush=True)
         del model
         gc.collect()

@@ -62,13 +62,34 @@ def logits(model: nn.Module) -> np.ndarray:
 @pytest.mark.parametrize("name", sorted(md.BUILTIN_FORMATS))
 def test_converted_model_matches_its_dequantised_twin(name: str) -> None:
     model = tiny_llama()
-    conversion = convert(model, name)
+    conversion = convert(model, name, fuse=())
     assert len(conversion.formats) == LINEARS and not conversion.skipped
     assert all(isinstance(m, MarlinLinear) for p, m in model.named_modules() if p.endswith(("proj", "lm_head")))
     got, want = logits(model), logits(dequantised_twin(model))
     assert got.shape == (1, 8, CONFIG["vocab_size"])
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert rel < 1e-5, rel  # the same float32 arithmetic up to summation order
+
+
+@pytest.mark.parametrize("name", ["fp4", "uint4_zp", "fp4_2of4"])
+def test_fused_groups_compute_what_their_parts_do(name: str) -> None:
+    """q/k/v and gate/up as one layer each: the same packed columns, the same logits."""
+    from marlin_dsl.models.fuse import FusedLinear, LinearSlice
+
+    separate, fused = tiny_llama(), tiny_llama()
+    convert(separate, name, fuse=())
+    conversion = convert(fused, name)
+    assert conversion.fused["model.layers.1.self_attn"] == [("q_proj", "k_proj", "v_proj")]
+    assert conversion.fused["model.layers.0.mlp"] == [("gate_proj", "up_proj")]
+    attn = fused.model.layers[0].self_attn
+    assert isinstance(attn.q_proj, LinearSlice) and isinstance(attn["q_proj__k_proj__v_proj"], FusedLinear)
+    assert not tree_flatten(attn.q_proj.parameters())  # the parameters live once, in the group
+    # Quantisation is per column: the fused weight is the parts' weights side by side.
+    parts = [separate.model.layers[0].self_attn[p].to_packed() for p in ("q_proj", "k_proj", "v_proj")]
+    whole = attn["q_proj__k_proj__v_proj"].layer.to_packed()
+    for array in whole.arrays:
+        np.testing.assert_array_equal(whole[array], np.concatenate([p[array] for p in parts], axis=1))
+    np.testing.assert_allclose(logits(fused), logits(separate), rtol=1e-5, atol=1e-5)
 
 
 def test_per_layer_rules_and_functions() -> None:
@@ -111,7 +132,8 @@ def test_save_and_load_are_bit_identical(tmp_path: Path) -> None:
     # mlx-lm's loader with marlin-dsl's layers.
     loaded, loaded_config = load(tmp_path / "m")
     np.testing.assert_array_equal(logits(loaded), before)
-    assert loaded_config["marlin_dsl"]["layers"]["model.layers.0.mlp.up_proj"]["format"] >= 0
+    assert loaded_config["marlin_dsl"]["fused"]["model.layers.0.mlp"] == [["gate_proj", "up_proj"]]
+    assert "model.layers.0.mlp.gate_proj__up_proj.layer" in loaded_config["marlin_dsl"]["layers"]
 
 
 def test_corrupt_checkpoint_raises_at_load_naming_array_and_index(tmp_path: Path) -> None:
@@ -127,9 +149,9 @@ def test_corrupt_checkpoint_raises_at_load_naming_array_and_index(tmp_path: Path
         load_into(tiny_llama(), tmp_path / "m")
     save_model(model, tmp_path / "m", CONFIG)  # intact again
     weights = mx.load(str(tmp_path / "m" / "model.safetensors"))
-    scales = np.array(weights["model.layers.0.self_attn.k_proj.scales"])
+    scales = np.array(weights["model.layers.0.self_attn.o_proj.scales"])
     scales[1, 7] = np.nan
-    weights["model.layers.0.self_attn.k_proj.scales"] = mx.array(scales)
+    weights["model.layers.0.self_attn.o_proj.scales"] = mx.array(scales)
     mx.save_safetensors(str(tmp_path / "m" / "model.safetensors"), weights)
     with pytest.raises(ValueRangeError, match=r"scales\(1, 7\) is not finite: nan"):
         load(tmp_path / "m")

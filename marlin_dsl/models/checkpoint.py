@@ -9,8 +9,11 @@ target; loading validates every array once and converts it to the target's layou
     "marlin_dsl": {
       "version": "0.1.0",
       "formats": ["format fp4 {\\n  element float(...)\\n ...}\\n", ...],   # textual form
-      "layers": {"model.layers.0.mlp.up_proj": {"format": 0, "bias": false}, ...}
+      "layers": {"model.layers.0.mlp.down_proj": {"format": 0, "bias": false}, ...},
+      "fused": {"model.layers.0.mlp": [["gate_proj", "up_proj"]], ...}
     }
+
+A fused group (models/fuse.py) is one layer, listed at `<parent>.<part>__<part>.layer`.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from ..errors import MarlinDSLError
 from ..formats import Format
 from ..formats.text import format_to_text, formats_from_text
 from ..nn import Backend, MarlinLinear, prepare
+from .fuse import FusedLinear, fused_name, install
 
 if TYPE_CHECKING:
     from .convert import Conversion
@@ -43,13 +47,18 @@ def marlin_section(model: nn.Module) -> dict[str, Any]:
 
     texts: list[str] = []
     layers = {}
+    fused: dict[str, list[list[str]]] = {}
     for path, module in model.named_modules():
         if isinstance(module, MarlinLinear):
             text = format_to_text(module.format)
             if text not in texts:
                 texts.append(text)
             layers[path] = {"format": texts.index(text), "bias": "bias" in module}
-    return {"version": __version__, "formats": texts, "layers": dict(sorted(layers.items()))}
+        elif isinstance(module, FusedLinear):
+            parent, _, name = path.rpartition(".")
+            fused.setdefault(parent, []).append(name.split("__"))
+    return {"version": __version__, "formats": texts, "layers": dict(sorted(layers.items())),
+            "fused": dict(sorted(fused.items()))}
 
 
 def portable_weights(model: nn.Module) -> dict[str, mx.array]:
@@ -109,8 +118,9 @@ def _copy_other_files(src: Path, dst: Path) -> None:
             shutil.copy2(item, dst / name)
 
 
-def read_section(config: dict[str, Any], where: str) -> tuple[list[Format], dict[str, dict]]:
-    """(formats, layers) of a config's marlin_dsl section, or MarlinDSLError naming `where`."""
+def read_section(config: dict[str, Any], where: str) -> tuple[list[Format], dict[str, dict], dict[str, list]]:
+    """(formats, layers, fused groups) of a config's marlin_dsl section, or MarlinDSLError
+    naming `where`."""
     section = config.get(SECTION)
     if not isinstance(section, dict) or "formats" not in section or "layers" not in section:
         raise MarlinDSLError(f"{where}: no {SECTION!r} section with 'formats' and 'layers': "
@@ -123,27 +133,63 @@ def read_section(config: dict[str, Any], where: str) -> tuple[list[Format], dict
         if not isinstance(index, int) or not 0 <= index < len(formats):
             raise MarlinDSLError(f"{where}: {SECTION}.layers[{path!r}].format must be an index "
                                  f"into the {len(formats)} formats, got {index!r}")
-    return formats, layers
+    fused = section.get("fused", {})
+    for parent, groups in fused.items():
+        for parts in groups:
+            path = f"{parent}.{fused_name(tuple(parts))}.layer" if parent else f"{fused_name(tuple(parts))}.layer"
+            if path not in layers:
+                raise MarlinDSLError(f"{where}: {SECTION}.fused[{parent!r}] lists {parts}, but "
+                                     f"layers has no {path!r}")
+    return formats, layers, fused
+
+
+def _dims(module: object, path: str) -> tuple[int, int]:
+    """(K, N) of a linear layer of a freshly built model, or MarlinDSLError."""
+    if not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
+        raise MarlinDSLError(f"{SECTION}: the model has no linear layer at {path!r} "
+                             f"(found {type(module).__name__})")
+    n, cols = module["weight"].shape
+    return (cols * 32 // module.bits if isinstance(module, nn.QuantizedLinear) else cols), n
 
 
 def install_placeholders(model: nn.Module, formats: list[Format], layers: dict[str, dict],
-                         backend: Backend = "auto") -> nn.Module:
+                         fused: dict[str, list] | None = None, backend: Backend = "auto") -> nn.Module:
     """Replace each listed layer (an nn.Linear or nn.QuantizedLinear of the freshly built
-    model, which gives the shape) by an empty MarlinLinear of its format, to be filled by
-    `load_weights`. Unknown paths are an error."""
+    model, which gives the shape) by an empty MarlinLinear of its format, and each fused group
+    by an empty FusedLinear with its slices, to be filled by `load_weights`. Unknown paths are
+    an error."""
     modules = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
+    done = set()
+    for parent_path, groups in (fused or {}).items():
+        parent = _lookup(model, parent_path)
+        for parts in groups:
+            parts = tuple(parts)
+            paths = [f"{parent_path}.{p}" if parent_path else p for p in parts]
+            dims = [_dims(modules.get(p), p) for p in paths]
+            path = f"{parent_path}.{fused_name(parts)}.layer" if parent_path else f"{fused_name(parts)}.layer"
+            entry = layers[path]
+            layer = MarlinLinear.placeholder(formats[entry["format"]], dims[0][0], sum(n for _, n in dims),
+                                             bias=bool(entry.get("bias")), backend=backend)
+            install(parent, parts, FusedLinear(layer, tuple(n for _, n in dims)))
+            done.add(path)
     replaced = []
     for path, entry in layers.items():
-        module = modules.get(path)
-        if not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
-            raise MarlinDSLError(f"{SECTION}.layers: the model has no linear layer at {path!r} "
-                                 f"(found {type(module).__name__})")
-        n, cols = module["weight"].shape
-        k = cols * 32 // module.bits if isinstance(module, nn.QuantizedLinear) else cols
+        if path in done:
+            continue
+        k, n = _dims(modules.get(path), path)
         replaced.append((path, MarlinLinear.placeholder(formats[entry["format"]], k, n,
                                                         bias=bool(entry.get("bias")), backend=backend)))
     model.update_modules(tree_unflatten(replaced))
     return model
+
+
+def _lookup(model: nn.Module, path: str) -> nn.Module:
+    module = model
+    for part in path.split(".") if path else []:
+        module = module[int(part)] if isinstance(module, list) else module.get(part)
+        if module is None:
+            raise MarlinDSLError(f"{SECTION}.fused: the model has no module at {path!r}")
+    return module
 
 
 def load_into(model: nn.Module, path: str | Path, backend: Backend = "auto") -> nn.Module:
@@ -152,8 +198,8 @@ def load_into(model: nn.Module, path: str | Path, backend: Backend = "auto") -> 
     validation and layout conversion per layer (`prepare`)."""
     directory = Path(path)
     config = json.loads((directory / CONFIG).read_text())
-    formats, layers = read_section(config, str(directory / CONFIG))
-    install_placeholders(model, formats, layers, backend)
+    formats, layers, fused = read_section(config, str(directory / CONFIG))
+    install_placeholders(model, formats, layers, fused, backend)
     weights: dict[str, mx.array] = {}
     for shard in sorted(directory.glob("model*.safetensors")):
         weights.update(mx.load(str(shard)))
@@ -166,13 +212,13 @@ def mlx_lm_classes(config: dict[str, Any], backend: Backend = "auto") -> Callabl
     MarlinLinear placeholders where the config's marlin_dsl section lists them."""
     from mlx_lm.utils import _get_classes  # mlx-lm's default; there is no public name
 
-    formats, layers = read_section(config, CONFIG)
+    formats, layers, fused = read_section(config, CONFIG)
 
     def get_classes(config: dict) -> tuple:
         model_class, args_class = _get_classes(config)
 
         def build(args):
-            return install_placeholders(model_class(args), formats, layers, backend)
+            return install_placeholders(model_class(args), formats, layers, fused, backend)
 
         return build, args_class
 

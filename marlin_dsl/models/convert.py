@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from dataclasses import dataclass
-from typing import Callable, Mapping, TextIO, Union
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence, TextIO, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,6 +27,7 @@ from ..errors import MarlinDSLError, ShapeError
 from ..formats import Format
 from ..formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
 from ..nn import Backend, MarlinLinear
+from .fuse import DEFAULT_GROUPS, FusedLinear
 
 #: Loads an nn.QuantizedLinear in its own MLX format (layers.interop), without re-quantising.
 EXACT = "exact"
@@ -38,11 +39,14 @@ FormatChoice = Union[Choice, Mapping[str, Choice], Chooser]
 
 @dataclass
 class Conversion:
-    """What `convert` did: the format of every converted layer, by path, and the time taken."""
+    """What `convert` did: the format of every converted layer by its path (parts of a fused
+    group under their own paths), the layers left as they were and why, the fused groups
+    ({parent path: [parts]}), and the time taken."""
 
     formats: dict[str, Format]
     skipped: dict[str, str]  # path -> why a linear layer was left as it is
     seconds: float
+    fused: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)
 
 
 def _matches(pattern: str, path: str) -> bool:
@@ -106,14 +110,17 @@ def _convert_one(path: str, module: nn.Module, fmt: Format | str, backend: Backe
 
 
 def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: GroupSize | None = None,
-            backend: Backend = "auto", progress: TextIO | None = None) -> Conversion:
+            backend: Backend = "auto", progress: TextIO | None = None,
+            fuse: Sequence[Sequence[str]] = DEFAULT_GROUPS) -> Conversion:
     """Replace the model's nn.Linear / nn.QuantizedLinear leaves by MarlinLinear in place.
 
     A layer is converted when its choice is a format (see the module docstring). A layer
     whose shape the chosen format cannot hold (K not a multiple of its granule or group) is
     skipped with the reason when the format came from a default for all layers, and is an
-    error when a rule or function chose it for that layer. `progress` (e.g. sys.stderr)
-    receives a progress line per layer.
+    error when a rule or function chose it for that layer. Sibling layers named in one of the
+    `fuse` groups (default: q/k/v and gate/up projections) that get the same format and read
+    inputs of the same size become one fused layer (models/fuse.py); `fuse=()` turns that off.
+    `progress` (e.g. sys.stderr) receives a progress line per layer.
     """
     choose = chooser(format, group_size)
     one_for_all = isinstance(format, (str, Format))
@@ -122,8 +129,23 @@ def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: Group
     start = time.perf_counter()
     formats: dict[str, Format] = {}
     skipped: dict[str, str] = {}
+    resolved = {path: _resolve(choose(path, module), group_size, path) for path, module in layers}
+    groups = _fusion_groups(dict(layers), resolved, [tuple(g) for g in fuse])
+    in_group = {f"{parent}.{part}" if parent else part: (parent, parts)
+                for parent, parts in groups for part in parts}
+    fused: dict[str, list[tuple[str, ...]]] = {}
     for i, (path, module) in enumerate(layers):
-        fmt = _resolve(choose(path, module), group_size, path)
+        if path in in_group:
+            parent, parts = in_group[path]
+            if path.endswith("." + parts[0]) or path == parts[0]:  # the group's first part does it
+                group = _fuse_group(model, parent, parts, resolved[path], backend)  # type: ignore[arg-type]
+                fused.setdefault(parent, []).append(parts)
+                for part in parts:
+                    formats[f"{parent}.{part}" if parent else part] = group.layer.format
+            if progress is not None:
+                _progress(progress, i + 1, len(layers), path, time.perf_counter() - start)
+            continue
+        fmt = resolved[path]
         if fmt is None:
             skipped[path] = "no format chosen"
             continue
@@ -144,7 +166,86 @@ def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: Group
             _progress(progress, i + 1, len(layers), path, time.perf_counter() - start)
     if progress is not None and layers:
         progress.write("\n")
-    return Conversion(formats, skipped, time.perf_counter() - start)
+    return Conversion(formats, skipped, time.perf_counter() - start, fused)
+
+
+def _module(model: nn.Module, path: str) -> nn.Module:
+    module = model
+    for part in path.split("."):
+        module = module[int(part)] if isinstance(module, list) else module[part]
+    return module
+
+
+def _fusion_groups(layers: dict[str, nn.Module], resolved: dict[str, object],
+                   groups: list[tuple[str, ...]]) -> list[tuple[str, tuple[str, ...]]]:
+    """(parent path, parts) of every group whose parts all exist under one parent, get the
+    same format (or are all loaded exactly, from identical MLX modes), share K, and whose
+    outputs side by side the format can hold."""
+    found = []
+    for path in layers:
+        parent, _, name = path.rpartition(".")
+        for parts in groups:
+            paths = [f"{parent}.{p}" if parent else p for p in parts]
+            if name != parts[0] or not all(p in layers for p in paths):
+                continue
+            fmts = [resolved[p] for p in paths]
+            mods = [layers[p] for p in paths]
+            if fmts[0] is None or any(f != fmts[0] for f in fmts) or len({_dims(m)[0] for m in mods}) != 1:
+                continue
+            if fmts[0] == EXACT:
+                configs = {(type(m), getattr(m, "mode", None), getattr(m, "bits", None),
+                            getattr(m, "group_size", None), m["scales"].dtype if "scales" in m else None)
+                           for m in mods}
+                if len(configs) != 1 or next(iter(configs))[0] is not nn.QuantizedLinear:
+                    continue
+            else:
+                try:
+                    fmts[0].check_shape(_dims(mods[0])[0], sum(_dims(m)[1] for m in mods))  # type: ignore[union-attr]
+                except ShapeError:
+                    continue
+            found.append((parent, parts))
+    return found
+
+
+def _fuse_group(model: nn.Module, parent_path: str, parts: tuple[str, ...], fmt: Format | str,
+                backend: Backend) -> "FusedLinear":
+    """Convert one group's layers as one (their outputs side by side) and install it."""
+    from ..formats import PackedWeights
+    from ..layers.interop import packed_from_quantized
+    from .fuse import install
+
+    parent = _module(model, parent_path) if parent_path else model
+    modules = [parent[p] for p in parts]
+    sizes = tuple(_dims(m)[1] for m in modules)
+    biases = [m.get("bias") for m in modules]
+    bias = None
+    if any(b is not None for b in biases):
+        dtype = next(b.dtype for b in biases if b is not None)
+        bias = mx.concatenate([b if b is not None else mx.zeros((n,), dtype) for b, n in zip(biases, sizes)])
+    if fmt == EXACT:
+        packed = [packed_from_quantized(m) for m in modules]
+        arrays = {name: mx.concatenate([p.arrays[name] for p in packed], axis=1) for name in packed[0].arrays}
+        joined = PackedWeights(packed[0].format, (packed[0].shape[0], sum(sizes)), arrays)
+        layer = MarlinLinear.from_packed(joined, bias, backend=backend)
+    else:
+        weights = [_float_weight(m) for m in modules]
+        source = nn.Linear(1, 1, bias=False)
+        source.weight = mx.concatenate(weights, axis=0)
+        if bias is not None:
+            source.bias = bias
+        assert isinstance(fmt, Format)
+        layer = MarlinLinear.from_linear(source, fmt, backend=backend)
+    mx.eval(layer.parameters())
+    group = FusedLinear(layer, sizes)
+    install(parent, parts, group)
+    return group
+
+
+def _float_weight(module: nn.Module) -> mx.array:
+    if isinstance(module, nn.QuantizedLinear):
+        return mx.dequantize(module["weight"], module["scales"], module.get("biases"),
+                             module.group_size, module.bits, module.mode)
+    return module["weight"]
 
 
 def _progress(out: TextIO, done: int, total: int, path: str, seconds: float) -> None:
