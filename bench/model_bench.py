@@ -13,8 +13,11 @@ downloaded. Every variant starts from the same fp16 weights:
 
 The embedding and lm_head stay fp16 in every variant (the same bytes for all). Decode:
 `mlx_lm.generate.generate_step` from a 32-token prompt, after a warm-up generation; the rate
-is over tokens 2..N (the first includes the prefill), the median of `--repeats` runs. Prefill: the time to the first token of
-`generate_step` for a 512- and a 2048-token prompt (median of `--repeats`, after a warm-up).
+is over tokens 2..N (the first includes the prefill). Prefill: the time to the first token of
+`generate_step` for a 512- and a 2048-token prompt. All variants are built and warmed up
+first, then measured in turns, `--repeats` rounds; the medians are reported. Graph build:
+the Python time of one decode step's forward (building the graph, not evaluating it), which
+`generate_step` overlaps with the device's work of the step before.
 
     python bench/model_bench.py --layers 32 --out bench/results/model_h100_DATE
 """
@@ -87,22 +90,14 @@ def convert_variant(model: nn.Module, variant: str) -> float:
     return time.perf_counter() - t0
 
 
-def decode_rate(model: nn.Module, tokens: int, vocab: int, repeats: int) -> dict:
-    """The median over `repeats` generations of the time per token (tokens 2..N)."""
+def decode_once(model: nn.Module, prompt: mx.array, tokens: int) -> float:
+    """Seconds per token of one `generate_step` generation (tokens 2..N)."""
     from mlx_lm.generate import generate_step
 
-    prompt = mx.random.randint(0, vocab, (32,))
-    for _ in zip(range(8), generate_step(prompt, model, max_tokens=8)):  # warm-up
-        pass
-    rates = []
-    for _ in range(repeats):
-        stamps = []
-        for _ in zip(range(tokens), generate_step(prompt, model, max_tokens=tokens)):
-            stamps.append(time.perf_counter())
-        rates.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
-    per_token = statistics.median(rates)
-    return {"decode_ms_per_token": per_token * 1e3, "decode_tokens_per_s": 1.0 / per_token,
-            "graph_build_ms_per_token": graph_build_time(model, prompt) * 1e3}
+    stamps = []
+    for _ in zip(range(tokens), generate_step(prompt, model, max_tokens=tokens)):
+        stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
 def graph_build_time(model: nn.Module, prompt: mx.array, steps: int = 32) -> float:
@@ -123,19 +118,16 @@ def graph_build_time(model: nn.Module, prompt: mx.array, steps: int = 32) -> flo
     return total / steps
 
 
-def prefill_time(model: nn.Module, length: int, repeats: int, vocab: int) -> float:
+def prefill_once(model: nn.Module, length: int, vocab: int) -> float:
+    """Seconds to the first token of `generate_step` for a fresh random prompt."""
     from mlx_lm.generate import generate_step
 
-    times = []
-    for i in range(repeats + 1):
-        prompt = mx.random.randint(0, vocab, (length,))
-        mx.eval(prompt)
-        t0 = time.perf_counter()
-        token, _ = next(generate_step(prompt, model, max_tokens=1))
-        mx.eval(token)
-        if i:  # the first is the warm-up
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    prompt = mx.random.randint(0, vocab, (length,))
+    mx.eval(prompt)
+    t0 = time.perf_counter()
+    token, _ = next(generate_step(prompt, model, max_tokens=1))
+    mx.eval(token)
+    return time.perf_counter() - t0
 
 
 def main() -> int:
@@ -154,23 +146,44 @@ def main() -> int:
     base = dict(tree_flatten(build(margs, None).parameters()))
     print(f"fp16 model: {args.layers} layers, {sum(a.nbytes for a in base.values()) / 1e9:.1f} GB, "
           f"built in {time.perf_counter() - t0:.1f} s", flush=True)
-    rows = []
+    # Every variant is converted and warmed up first and then measured in turns (round r
+    # measures every variant once): the host's speed drifts over minutes, and a decode that is
+    # bound by host time would otherwise compare runs taken under different conditions.
+    models, rows = {}, {}
+    prompt = mx.random.randint(0, margs.vocab_size, (32,))
     for variant in args.variants:
         model = build(margs, base)
         seconds = convert_variant(model, variant)
         size = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
-        row = {"variant": variant, "convert_s": seconds, "weight_gb": size / 1e9}
-        row.update(decode_rate(model, args.decode_tokens, margs.vocab_size, args.repeats))
+        t0 = time.perf_counter()
+        decode_once(model, prompt, 8)  # compiles every kernel a decode step launches
         for length in args.prefill:
-            row[f"prefill_{length}_ms"] = prefill_time(model, length, args.repeats, margs.vocab_size)
-        rows.append(row)
-        print(f"{variant:>13}: convert {seconds:6.1f} s, {row['weight_gb']:5.2f} GB, decode "
-              f"{row['decode_ms_per_token']:6.2f} ms/token ({row['decode_tokens_per_s']:6.1f} tok/s, "
-              f"graph build {row['graph_build_ms_per_token']:5.2f} ms), "
+            prefill_once(model, length, margs.vocab_size)
+        models[variant] = model
+        rows[variant] = {"variant": variant, "convert_s": seconds, "weight_gb": size / 1e9,
+                         "warmup_s": time.perf_counter() - t0, "decode": [],
+                         **{f"prefill_{n}": [] for n in args.prefill}}
+        print(f"{variant:>13}: converted in {seconds:6.1f} s, {size / 1e9:5.2f} GB, "
+              f"warm-up {rows[variant]['warmup_s']:5.1f} s", flush=True)
+    for _ in range(args.repeats):
+        for variant, model in models.items():
+            rows[variant]["decode"].append(decode_once(model, prompt, args.decode_tokens))
+            for length in args.prefill:
+                rows[variant][f"prefill_{length}"].append(prefill_once(model, length, margs.vocab_size))
+    for variant, model in models.items():
+        row = rows[variant]
+        per_token = statistics.median(row["decode"])
+        row.update({"decode_ms_per_token": per_token * 1e3, "decode_tokens_per_s": 1.0 / per_token,
+                    "decode_ms_all": [t * 1e3 for t in row.pop("decode")],
+                    "graph_build_ms_per_token": graph_build_time(model, prompt) * 1e3})
+        for length in args.prefill:
+            times = row.pop(f"prefill_{length}")
+            row[f"prefill_{length}_ms"] = statistics.median(times) * 1e3
+            row[f"prefill_{length}_ms_all"] = [t * 1e3 for t in times]
+        print(f"{variant:>13}: decode {row['decode_ms_per_token']:6.2f} ms/token "
+              f"({row['decode_tokens_per_s']:6.1f} tok/s, graph build {row['graph_build_ms_per_token']:5.2f} ms), "
               + ", ".join(f"prefill {n}: {row[f'prefill_{n}_ms']:7.1f} ms" for n in args.prefill), flush=True)
-        del model
-        gc.collect()
-        mx.clear_cache()
+    rows = list(rows.values())
     ref = {r["variant"]: r for r in rows}.get("mlx_4bit_g64")
     if ref:
         print("\nagainst mlx-lm 4-bit (decode tokens/s ratio; prefill time ratio, < 1 is faster):")
