@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import mlx.core as mx
 import pytest
 
 import marlin_dsl as md
@@ -12,7 +13,9 @@ from marlin_dsl import CUDA, Gemm
 from marlin_dsl.backends.cuda import find_nvcc, nvcc_check, prelude, print_cuda
 from marlin_dsl.backends.cuda_compact import compact_cuda, trim_prelude
 from marlin_dsl.backends.cuda_launch import gemm_inout_inputs
+from marlin_dsl.backends.cuda_runtime import cuda_gemm, cuda_schedule
 from marlin_dsl.compiler import compile_gemm
+from marlin_dsl.layers.interop import mlx_format
 from marlin_dsl.schedule import default_schedule, multistage_schedule, stream_schedule
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed here")
@@ -38,6 +41,12 @@ def _kernels() -> list:
             for act in ("f16", "bf16"):
                 kernel = compile_gemm(Gemm(f"c_{name}_{schedule.name}_{act}", fmt, schedule, act), CUDA).kernel
                 out.append(print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel)))
+    # MLX's modes, as layers launch them (cuda_schedule per row count): code-table scales
+    # (E8M0 / E4M3, with NaN entries that must be constant initialisers) and biases.
+    for fmt in (mlx_format("mxfp4", 4, 32), mlx_format("nvfp4", 4, 16), mlx_format("mxfp8", 8, 32),
+                mlx_format("affine", 4, 64, mx.float16), mlx_format("affine", 8, 32, mx.bfloat16)):
+        for m in (1, 65, 2048):
+            out.append(cuda_gemm(fmt, "f16", cuda_schedule(fmt, m, 4096, 4096)).source)
     return out
 
 
@@ -70,6 +79,15 @@ def test_prelude_keeps_what_a_kernel_uses_and_what_that_needs() -> None:
     assert "mma(" in trimmed and "struct frag_a" in trimmed and "struct frag_b{" in trimmed
     assert "cp_async" not in trimmed and "mma_sp" not in trimmed and "load_a" not in trimmed
     assert trimmed.count("#ifndef") == trimmed.count("#endif")
+
+
+def test_tables_with_nan_are_constant_initialisers() -> None:
+    """NVRTC refuses `static __device__` tables initialised by a call (__uint_as_float): the
+    E8M0 scale table (code 255 is NaN) must use builtins there (found on the H100)."""
+    src = cuda_gemm(mlx_format("mxfp4", 4, 32), "f16", cuda_schedule(mlx_format("mxfp4", 4, 32), 65, 4096, 4096)).source
+    table = src.declarations[src.declarations.index("tbl_scales"):]
+    table = table[: table.index("};")]
+    assert '__builtin_nanf("")' in table and "__uint_as_float" not in table
 
 
 @needs_nvcc
