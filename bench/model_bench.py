@@ -165,11 +165,13 @@ def main() -> int:
                          **{f"prefill_{n}": [] for n in args.prefill}}
         print(f"{variant:>13}: converted in {seconds:6.1f} s, {size / 1e9:5.2f} GB, "
               f"warm-up {rows[variant]['warmup_s']:5.1f} s", flush=True)
-    for _ in range(args.repeats):
+    for r in range(args.repeats):
         for variant, model in models.items():
             rows[variant]["decode"].append(decode_once(model, prompt, args.decode_tokens))
             for length in args.prefill:
                 rows[variant][f"prefill_{length}"].append(prefill_once(model, length, margs.vocab_size))
+        print(f"round {r + 1}: " + ", ".join(f"{v} {rows[v]['decode'][-1] * 1e3:.2f}" for v in models)
+              + " ms/token", flush=True)
     for variant, model in models.items():
         row = rows[variant]
         per_token = statistics.median(row["decode"])
