@@ -109,8 +109,10 @@ def check_layers(rng: np.random.Generator, ms: tuple[int, ...], formats: list[st
                                tb=traceback.format_exc()[-2000:])
 
 
-def check_mlx_modes(rng: np.random.Generator, ms: tuple[int, ...]) -> None:
+def check_mlx_modes(rng: np.random.Generator, ms: tuple[int, ...], modes: list[str] | None) -> None:
     for mode, bits, group in MLX_MODES:
+        if modes and f"{mode}{bits}" not in modes:
+            continue
         for k, n in SHAPES[:2]:
             linear = nn.Linear(k, n, bias=False)
             linear.set_dtype(mx.float16)
@@ -151,13 +153,14 @@ def main() -> int:
     parser.add_argument("--checks", nargs="+", default=["pack", "layout", "layers", "mlx", "compile"],
                         choices=["pack", "layout", "layers", "mlx", "compile"])
     parser.add_argument("--formats", nargs="+", default=None, help="built-in formats for 'layers'")
+    parser.add_argument("--modes", nargs="+", default=None, help="MLX modes for 'mlx' (affine4, mxfp8, ...)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     ms = (1, 65) if args.quick else MS
     t0 = time.time()
     checks = {"pack": lambda: check_packing(rng), "layout": lambda: check_layout(rng),
               "layers": lambda: check_layers(rng, ms, args.formats or list(md.BUILTIN_FORMATS)),
-              "mlx": lambda: check_mlx_modes(rng, ms), "compile": lambda: check_compile(rng)}
+              "mlx": lambda: check_mlx_modes(rng, ms, args.modes), "compile": lambda: check_compile(rng)}
     for name in args.checks:
         checks[name]()
     failed = [r for r in results if not r["ok"]]
