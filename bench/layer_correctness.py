@@ -111,7 +111,7 @@ def check_layers(rng: np.random.Generator, ms: tuple[int, ...], formats: list[st
 
 def check_mlx_modes(rng: np.random.Generator, ms: tuple[int, ...], modes: list[str] | None) -> None:
     for mode, bits, group in MLX_MODES:
-        if modes and f"{mode}{bits}" not in modes:
+        if modes and mode not in modes and f"{mode}{bits}" not in modes:
             continue
         for k, n in SHAPES[:2]:
             linear = nn.Linear(k, n, bias=False)

@@ -21,8 +21,12 @@ Zero-point formats round w / s to an integer (ties to even) the same way, compar
 (Weights and scales are taken to be normal float32 numbers, as any model's are: products in
 float32's subnormal range would not be exact.)
 
-Formats outside these bounds (value tables such as NF4, f32 scales, biases, whose w - b numpy
-rounds twice in float64, and N:M with chunks) are quantised by the numpy code on a host copy
+Value tables such as NF4 have midpoints of 24+ bits: there the float32 quotient w / s decides
+wherever it is clearly (2^-18, relative) away from every midpoint, and the few elements
+nearer than that are decided on the host by numpy's float64 code (`_table_index`).
+
+Formats outside these bounds (f32 scales, biases, whose w - b numpy rounds twice in float64,
+N:M with chunks, N:M of value tables) are quantised by the numpy code on a host copy
 of the weight; the result is the same, only slower. Every array of a format is [..., N]
 (block patterns: [..., N / block_n]) and no step mixes columns, so the host path packs column
 slices in a thread pool (numpy's loops release the GIL) and joins them: bit-identical to one
@@ -56,8 +60,22 @@ def device_exact(fmt: Format) -> bool:
     short_codes = (isinstance(enc, IntEncoding) or
                    (isinstance(enc, FloatEncoding) and enc.man_bits <= 7)) and enc.bits <= 8
     sp = fmt.sparsity
-    return (short_codes and fmt.scale.dtype in _SHORT_SCALES and fmt.bias is None
-            and (not isinstance(sp, NMSparsity) or sp.chunk == 1))
+    common = fmt.scale.dtype in _SHORT_SCALES and fmt.bias is None and enc.bits <= 8
+    if short_codes:
+        return common and (not isinstance(sp, NMSparsity) or sp.chunk == 1)
+    # Value tables (NF4): codes by quotient with an exact host pass for near-ties; N:M
+    # pruning ranks products of long table values, which float32 does not keep exact.
+    return common and fmt.zero_point is None and not isinstance(sp, NMSparsity)
+
+
+def _short_midpoints(fmt: Format) -> bool:
+    """Midpoints with <= 13 significant bits: m * s is exact in float32 for short scales."""
+    midpoints = fmt.element._rounding[0]
+    m32 = midpoints.astype(np.float32)
+    if not np.array_equal(m32.astype(np.float64), midpoints):
+        return False
+    mantissa = np.frexp(np.abs(m32[m32 != 0]))[0] * (1 << 13)
+    return bool(np.all(mantissa == np.round(mantissa)))
 
 
 def pack_mx(fmt: Format, w: mx.array, on_device: bool | None = None) -> PackedWeights:
@@ -133,8 +151,7 @@ def _rounding_tables(fmt: Format) -> tuple[mx.array, mx.array, int]:
     midpoints, unique_codes, _ = fmt.element._rounding
     steps = max(1, int(np.ceil(np.log2(len(midpoints) + 1))))
     padded = np.full((1 << steps) - 1, np.inf, np.float32)
-    padded[: len(midpoints)] = midpoints.astype(np.float32)  # exact: few significant bits
-    assert np.array_equal(padded[: len(midpoints)].astype(np.float64), midpoints)
+    padded[: len(midpoints)] = midpoints.astype(np.float32)  # exact where _short_midpoints
     return mx.array(padded), mx.array(unique_codes.astype(np.uint8)), steps
 
 
@@ -162,9 +179,54 @@ def _codes(fmt: Format, grouped: mx.array, params: GroupParameters) -> mx.array:
         r = _rint_quotient(grouped, s, lo - zero - 1, hi - zero + 1)
         level = mx.clip(r + zero, lo, hi)  # an integer value of the table
         index = _count_below(fmt, lambda m: level > m)
-    else:
+    elif _short_midpoints(fmt):
         index = _count_below(fmt, lambda m: grouped > m * s)
+    else:
+        index = _table_index(fmt, grouped, s, params)
     return mx.take(unique_codes, index)
+
+
+#: Relative distance of the float32 quotient from a midpoint under which the host decides.
+_NEAR = 2.0 ** -18
+
+
+def _table_index(fmt: Format, grouped: mx.array, s: mx.array, params: GroupParameters) -> mx.array:
+    """numpy's index (midpoints m < fl64(w / s)) for midpoints that float32 cannot hold (value
+    tables such as NF4). The float32 quotient q is within 2^-21 of w / s even with an
+    approximate division, and float32(m) within 2^-24 of m, so where q is further than 2^-18
+    (relative) from every nonzero midpoint, q > float32(m) decides as float64 does; at m = 0
+    the sign of w decides exactly. The few elements nearer than that (ties among them) are
+    decided by numpy's own code on the host: one count, one gather, one scatter."""
+    midpoints, _, _ = _rounding_tables(fmt)  # float32(m), padded with +inf
+    q = grouped / s
+    index = _count_below(fmt, lambda m: q > m)
+    real = len(fmt.element._rounding[0])
+    near = mx.zeros(q.shape, dtype=mx.bool_)
+    for offset in (-1, 0):  # the midpoints either side of q
+        i = mx.clip(index.astype(mx.int32) + offset, 0, real - 1)
+        m = mx.take(midpoints, i)
+        near = near | ((m != 0) & (mx.abs(q - m) <= _NEAR * mx.abs(m)))
+    count = int(mx.sum(near).item())
+    if count == 0:
+        return index
+    # Compact the near elements' flat indices into `where` [count]: each goes to its rank
+    # among them; the others all go to one extra slot that is dropped.
+    flat_near = near.reshape(-1)
+    slot = mx.where(flat_near, mx.cumsum(flat_near.astype(mx.int32)) - 1, count)
+    where = mx.zeros((count + 1,), dtype=mx.int32)
+    where[slot] = mx.arange(flat_near.size, dtype=mx.int32)
+    where = where[:count]
+    g, n = grouped.shape[1], grouped.shape[2]
+    rows = where // (g * n)  # group index of each element
+    cols = where % n
+    w64 = np.array(mx.take(grouped.reshape(-1), where)).astype(np.float64)
+    s64 = params.scale[np.array(rows), np.array(cols)].astype(np.float64)
+    exact = np.empty(count, np.uint8)
+    m64 = fmt.element._rounding[0]
+    exact[:] = np.searchsorted(m64, w64 / s64, side="left")  # numpy's index: m < x
+    flat = index.reshape(-1)
+    flat[where] = mx.array(exact.astype(np.uint32))
+    return flat.reshape(index.shape)
 
 
 def _rint_quotient(w: mx.array, s: mx.array, low: mx.array, high: mx.array) -> mx.array:

@@ -18,15 +18,18 @@ from marlin_dsl.mlx_pack import device_exact, pack_columns, pack_mx
 from marlin_dsl.verify import sample_weights
 
 DEVICE_FORMATS = {name: md.builtin_format(name)
-                  for name in ("fp4", "int4", "uint4_zp", "fp4_2of4", "int4_2of4", "fp4_blockpattern")}
+                  for name in ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4", "fp4_blockpattern")}
 DEVICE_FORMATS |= {
     "mxfp4": mlx_format("mxfp4", 4, 32), "nvfp4": mlx_format("nvfp4", 4, 16),
     "mxfp8": mlx_format("mxfp8", 8, 32),
     "int4_bf16": md.Format("int4_bf16", md.IntEncoding(4, offset=8), md.GroupScale(64, dtype="bf16")),
+    "nf4_blockpattern": md.Format("nf4_bp", md.builtin_format("nf4").element, md.GroupScale(64),
+                                  sparsity=md.BlockPatternSparsity(block_k=8, block_n=32)),
     "uint8_zp": md.Format("uint8_zp", md.IntEncoding(8), md.GroupScale(32),
                           zero_point=md.ZeroPoint()),
 }
-HOST_FORMATS = {"nf4": md.builtin_format("nf4"),
+HOST_FORMATS = {"nf4_2of4": md.Format("nf4_2of4", md.builtin_format("nf4").element, md.GroupScale(64),
+                                      sparsity=md.NMSparsity(2, 4)),
                 "affine4_g64_f16": mlx_format("affine", 4, 64, mx.float16),
                 "affine3_g32_bf16": mlx_format("affine", 3, 32, mx.bfloat16),
                 "int4_f32": md.Format("int4_f32", md.IntEncoding(4, offset=8), md.GroupScale(32, dtype="f32"))}
@@ -83,6 +86,31 @@ def test_boundary_values_round_as_numpy_does() -> None:
     _same(pack_mx(fmt, mx.array(w), on_device=True), md.pack(fmt, w), "ties")
 
 
+def test_value_table_near_ties_are_decided_on_the_host(monkeypatch) -> None:
+    """NF4 midpoints have 24+ significant bits: weights within float32 rounding of a
+    midpoint times the scale go to numpy's float64 decision (and must come out identical)."""
+    import marlin_dsl.mlx_pack as mp
+
+    fmt = md.builtin_format("nf4")
+    rng = np.random.default_rng(5)
+    w = sample_weights(fmt, 256, 48, rng).astype(np.float32)
+    scales = md.pack(fmt, w).arrays["scales"].astype(np.float64)
+    g = fmt.group_size_for(256)
+    mids = fmt.element._rounding[0]
+    near = (mids[rng.integers(0, len(mids), size=w.shape)] * np.repeat(scales, g, axis=0)).astype(np.float32)
+    near = np.where(rng.integers(0, 3, size=w.shape) == 0, np.nextafter(near, np.inf), near)
+    mask = rng.random(w.shape) < 0.3
+    mask[np.argmax(np.abs(w), axis=0), np.arange(w.shape[1])] = False  # keep each group's max
+    w = np.where(mask, near, w).astype(np.float32)
+    calls = []
+    real = np.searchsorted
+    monkeypatch.setattr(mp.np, "searchsorted", lambda *a, **k: calls.append(a[1].size) or real(*a, **k))
+    got = pack_mx(fmt, mx.array(w), on_device=True)
+    monkeypatch.undo()
+    assert calls and calls[0] > 0, "no element went to the host decision"
+    _same(got, md.pack(fmt, w), "nf4 near ties")
+
+
 @pytest.mark.parametrize("name", sorted(HOST_FORMATS))
 def test_host_formats_match(name: str) -> None:
     fmt = HOST_FORMATS[name]
@@ -90,7 +118,7 @@ def test_host_formats_match(name: str) -> None:
     _same(pack_mx(fmt, w, on_device=True), md.pack(fmt, np.array(w.astype(mx.float32))), name)
 
 
-@pytest.mark.parametrize("name", ["nf4", "affine4_g64_f16", "fp4_blockpattern", "fp4_2of4"])
+@pytest.mark.parametrize("name", ["nf4_2of4", "affine4_g64_f16", "fp4_blockpattern", "fp4_2of4"])
 def test_column_parallel_host_pack_is_bit_identical(name: str) -> None:
     fmt = (HOST_FORMATS | DEVICE_FORMATS)[name]
     shape = (1024, 4100 + 33)  # 4.2M weights: above the split threshold; a ragged last slice
