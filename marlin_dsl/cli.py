@@ -1,4 +1,6 @@
-"""The `marlin-dsl` command line."""
+"""The `marlin-dsl` command line. Exit codes (docs/CLI.md): 0 success, 1 a check failed,
+2 usage (unknown option or value), 3 bad input (a spec file, format, weights), 4 this
+machine lacks what the command needs (GPU backend, compiler), 130 interrupted (Ctrl-C)."""
 from __future__ import annotations
 
 import argparse
@@ -10,32 +12,72 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MarlinDSLError
+from .errors import EnvironmentUnavailable, MarlinDSLError, UsageError
 from .formats.builtin import BUILTIN_FORMATS
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 #: Shape at which `formats` reports storage: a typical LLM projection.
 REPORT_SHAPE = (4096, 4096)
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+#: Tables are wrapped to this many columns (the widest column's cells wrap onto more lines).
+TABLE_WIDTH = 100
+
+
+def _table(headers: list[str], rows: list[list[str]], width: int = TABLE_WIDTH) -> str:
+    """A plain-text table no wider than `width`: while it is too wide, the widest column is
+    narrowed and its cells wrap (at spaces and commas) onto continuation lines."""
+    import textwrap
+
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()
-    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join([line, "  ".join("-" * w for w in widths), *body])
+    # A column narrows no further than its longest word (words never break).
+    floors = [max(len(word) for cell in [h, *(r[i] for r in rows)] for word in cell.split() or [""])
+              for i, h in enumerate(headers)]
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        movable = [i for i in range(len(widths)) if widths[i] > floors[i]]
+        if not movable:
+            break
+        widths[max(movable, key=widths.__getitem__)] -= 1  # the widest narrows first
+    def lines(cells: list[str]) -> list[str]:
+        wrapped = [textwrap.wrap(c, w, break_on_hyphens=False, break_long_words=False) or [""]
+                   for c, w in zip(cells, widths)]
+        out = []
+        for i in range(max(len(w) for w in wrapped)):
+            out.append("  ".join((w[i] if i < len(w) else "").ljust(n) for w, n in zip(wrapped, widths)).rstrip())
+        return out
+    body = [line for r in rows for line in lines(r)]
+    return "\n".join([*lines(headers), "  ".join("-" * w for w in widths), *body])
+
+
+def report_shape(fmt) -> tuple[int, int]:
+    """The K x N at which storage is reported: 4096 x 4096, K rounded to whole groups and
+    granules of the format (a group of 48 reports at K = 4080)."""
+    from math import lcm
+
+    from .formats import PER_COLUMN
+
+    k, n = REPORT_SHAPE
+    g = fmt.scale.group_size
+    unit = fmt.k_granule if g == PER_COLUMN else lcm(fmt.k_granule, int(g))
+    return max(unit, round(k / unit) * unit), n
 
 
 def cmd_formats(_: argparse.Namespace) -> int:
-    k, n = REPORT_SHAPE
-    rows = []
+    rows, docs = [], []
     for name, factory in BUILTIN_FORMATS.items():
         fmt = factory()
+        k, n = report_shape(fmt)
         bits = fmt.bits_per_weight(k, n, include_scales=False)
         total = fmt.bits_per_weight(k, n, include_scales=True)
-        rows.append([name, fmt.describe(), f"{bits:.3f}", f"{total:.3f}",
-                     f"{total / 16:.3f}", fmt.doc])
-    print(_table(["format", "description", "bits/w", "bits/w+scales", "vs fp16", "doc"], rows))
-    print(f"\nbits per weight at K x N = {k} x {n}; 'vs fp16' is storage with scales / fp16 storage")
-    return 0
+        rows.append([name, fmt.describe(), f"{bits:.3f}", f"{total:.3f}", f"{total / 16:.3f}"])
+        docs.append(f"  {name}: {fmt.doc}")
+    print(_table(["format", "description", "bits/w", "bits/w+params", "vs fp16"], rows))
+    print(f"\nbits/w: codes and sparsity metadata per weight; bits/w+params: with scales, zero "
+          f"points and biases;\nvs fp16: storage with parameters / fp16 storage; all at K x N = "
+          f"{REPORT_SHAPE[0]} x {REPORT_SHAPE[1]}.\n")
+    print("\n".join(docs))
+    return EXIT_OK
 
 
 def _format_rows(spec, rng: np.random.Generator) -> tuple[list[list[str]], int]:
@@ -47,17 +89,43 @@ def _format_rows(spec, rng: np.random.Generator) -> tuple[list[list[str]], int]:
         failures += not check.ok
         failed = [name for name, ok in check.checks.items() if not ok]
         rows.append([
-            spec.path.name, fmt.name, str(fmt.location.line if fmt.location else "?"),
-            fmt.describe(), f"{fmt.bits_per_weight(*REPORT_SHAPE):.3f}",
-            f"{check.shape[0]}x{check.shape[1]}", f"{len(check.checks) - len(failed)}/{len(check.checks)}",
+            f"{spec.path.name}:{fmt.location.line if fmt.location else '?'}", fmt.name,
+            fmt.describe(), f"{fmt.bits_per_weight(*report_shape(fmt)):.3f}",
+            f"{len(check.checks) - len(failed)}/{len(check.checks)}",
             f"{check.quant_excess:.1e}", f"{check.matmul_rel_error:.2e}",
             "PASS" if check.ok else "FAIL: " + ", ".join(failed),
         ])
     return rows, failures
 
 
+FORMAT_LEGEND = """
+bits/w: storage per weight with scales, zero points, biases and metadata, at K x N = 4096 x
+  4096 (K rounded to whole groups). checks: the format's self-checks that passed (quantising
+  picks the nearest value, array shapes and dtypes, unpack(pack(codes)) == codes, the
+  reference matmul, N:M kept per block). q-excess: worst (|dequant - w| - |nearest
+  representable - w|) / scale, 0 for round to nearest. rel.err: ||x @ W_q - x @ W|| /
+  ||x @ W||, the format's own quantisation error on random weights (informational)."""
+
+KERNEL_LEGEND = """
+thr: threads per threadgroup; tgmem: threadgroup (shared) memory bytes. interp: the compiled
+  kernel IR run by the interpreter (threadgroups, barriers) on fresh random weights and
+  activations, outputs poisoned with NaN first: the worst ||y - y_ref|| / ||y_ref|| against the
+  float64 reference of the packed weights over M = 1, 3 and 65 rows (N = tile_n + 17, K = two
+  K steps). PASS: every error <= 2e-3 (f16 activations; bf16 1.6e-2) and every output written.
+  unchecked: --no-check, the kernels were not run."""
+
+
+def _progress(message: str) -> None:
+    """One overwritten status line on stderr while a long run works; nothing unless stderr
+    is a terminal (logs and pipes stay clean). An empty message clears it."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + message[:TABLE_WIDTH])
+        sys.stderr.flush()
+
+
 def _summary(results) -> str:
-    return ", ".join(f"M={r.shape[0]}:{r.rel_error:.1e}" for r in results) or "skipped"
+    """The worst relative error over the checked shapes, or why there is none."""
+    return f"{max(r.rel_error for r in results):.1e}" if results else "-"
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -69,28 +137,53 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .spec import load_spec
     from .targets import TARGETS
 
+    from .compiler import LOWER_STAGE, pipeline_names
+
     target = TARGETS[args.target]
     passes = None if args.passes is None else [p for p in args.passes.split(",") if p]
-    failures = 0
+    stages = [LOWER_STAGE, *pipeline_names(passes, None)]
+    if args.dump_ir is not None and args.dump_ir not in ("all", *stages):
+        raise UsageError(f"--dump-ir {args.dump_ir!r}: expected 'all' or a stage of the pipeline "
+                         f"({', '.join(stages)})")
+    stems = [Path(spec).stem for spec in args.specs]
+    if args.output is not None and len(set(stems)) < len(stems):
+        twice = sorted({s for s in stems if stems.count(s) > 1})
+        raise UsageError(f"-o: specs with the same file name {twice} would write into one folder; "
+                         f"compile them in separate runs or rename one")
+    if args.output is not None and args.output.exists() and not args.output.is_dir():
+        raise UsageError(f"-o {str(args.output)!r} is a file; -o names a folder to write the kernels into")
+    failures = bad_specs = 0
     format_rows: list[list[str]] = []
     compiled_all = []  # (spec, compiled gemm, rng)
     for spec_file in args.specs:
-        spec = load_spec(spec_file)
-        # Seeded by the spec's name so a run is repeatable; fresh across specs and kernels.
-        rng = np.random.default_rng(zlib.crc32(spec.path.name.encode()))
-        rows, bad = _format_rows(spec, rng)
+        try:  # a bad spec is reported and the others still compile
+            spec = load_spec(spec_file)
+            _progress(f"checking the formats of {spec.path.name}")
+            # Seeded by the spec's name so a run is repeatable; fresh across specs and kernels.
+            rng = np.random.default_rng(zlib.crc32(spec.path.name.encode()))
+            rows, bad = _format_rows(spec, rng)
+            compiled_here = []
+            for gemm in spec.gemms:
+                def dump(stage: str, kernel, notes: list[str], gemm=gemm) -> None:
+                    if args.dump_ir in ("all", stage):
+                        print(f"// ---- {spec.path.name}: {gemm.name} ({target.name}) after {stage} ----")
+                        for note in notes:
+                            print(f"// {note}")
+                        print(print_kernel(kernel))
+                _progress(f"compiling {spec.path.name}: {gemm.name}")
+                compiled_here.append((spec, compile_gemm(gemm, target, passes, args.stop_after, dump), rng))
+        except UsageError:
+            raise
+        except MarlinDSLError as err:
+            print(f"marlin-dsl: error: {err}", file=sys.stderr)
+            bad_specs += 1
+            continue
         format_rows += rows
         failures += bad
-        for gemm in spec.gemms:
-            def dump(stage: str, kernel, notes: list[str], gemm=gemm) -> None:
-                if args.dump_ir in ("all", stage):
-                    print(f"// ---- {spec.path.name}: {gemm.name} ({target.name}) after {stage} ----")
-                    for note in notes:
-                        print(f"// {note}")
-                    print(print_kernel(kernel))
-            compiled_all.append((spec, compile_gemm(gemm, target, passes, args.stop_after, dump), rng))
+        compiled_all += compiled_here
 
     shipped = {}  # gemm name -> the emitted text that ships, per target
+    written: list[Path] = []  # files -o wrote, summarised at the end
     if target.name == "metal":
         from .backends.metal import print_metal
         from .emit import metal_text, write_metal_kernel
@@ -98,6 +191,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         for spec, compiled, _ in compiled_all:
             if args.output is not None:
                 files = write_metal_kernel(compiled, spec.path, args.output / spec.stem)
+                written += files.values()
                 shipped[compiled.gemm.name] = files["metal"].read_text()
             else:
                 shipped[compiled.gemm.name] = metal_text(print_metal(compiled.kernel), compiled, spec.path)
@@ -120,6 +214,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 "weights": "as marlin_dsl.pack(format, w) gives them" if layout == "linear" else
                            "marlin_dsl.runtime.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
                 "source": src.to_json()}, indent=1, sort_keys=True) + "\n")
+            written += [folder / f"{compiled.gemm.name}.{target.name}.ir", folder / f"{compiled.gemm.name}.cu",
+                        folder / "manifest.json"]
 
     harness = None
     if target.name == "metal" and not args.no_check:
@@ -134,8 +230,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 harness = dict(zip((c.gemm.name for _, c, _ in compiled_all), pool.map(build, compiled_all)))
 
     kernel_rows = []
-    for spec, compiled, rng in compiled_all:
+    for index, (spec, compiled, rng) in enumerate(compiled_all):
         gemm, kernel = compiled.gemm, compiled.kernel
+        if not args.no_check:
+            _progress(f"[{index + 1}/{len(compiled_all)}] running {gemm.name} at M = 1, 3, 65")
         interp = [] if args.no_check else [check_kernel(gemm, kernel, shape, rng) for shape in check_shapes(gemm)]
         native = []
         if harness is not None:
@@ -145,35 +243,40 @@ def cmd_compile(args: argparse.Namespace) -> int:
         bad = [r for r in interp + native if not r.ok]
         failures += bool(bad)
         kernel_rows.append([
-            spec.path.name, gemm.name, gemm.format.name, gemm.schedule.name,
-            str(kernel.attrs["pipeline"]), str(kernel.threads), f"{kernel.shared_bytes}",
-            str(sum(1 for _ in kernel.walk())), _summary(interp),
+            gemm.name, gemm.schedule.name, str(kernel.attrs["pipeline"]), str(kernel.threads),
+            f"{kernel.shared_bytes}", _summary(interp),
             *([_summary(native)] if target.name == "metal" else []),
-            "PASS" if not bad else "FAIL: " + ", ".join(
+            ("unchecked" if args.no_check else "PASS") if not bad else "FAIL: " + ", ".join(
                 f"M={r.shape[0]} rel {r.rel_error:.2e} > {r.tolerance:g}, {r.untouched_poison} unwritten"
                 for r in bad),
         ])
-    print(_table(["spec", "format", "line", "description", "bits/w", "K x N", "checks",
-                  "q-excess", "rel.err vs fp64", "result"], format_rows))
-    print("\nq-excess: worst (|dequant - w| - |nearest representable - w|) / scale (0 = round to nearest)")
-    print("rel.err vs fp64: ||x @ W_q - x @ W|| / ||x @ W||, the format's quantisation error")
+    _progress("")
+    if format_rows:
+        print(_table(["spec:line", "format", "description", "bits/w", "checks", "q-excess",
+                      "rel.err", "result"], format_rows))
+        print(FORMAT_LEGEND)
     if kernel_rows:
-        headers = ["spec", "gemm", "format", "schedule", "pipeline", "threads", "tg bytes", "ops",
-                   "IR interpreter vs fp64"]
+        headers = ["gemm", "schedule", "pipeline", "thr", "tgmem", "interp"]
         if target.name == "metal":
-            headers.append("emitted .metal on CPU harness vs fp64")
+            headers.append(".metal")
         print()
         print(_table(headers + ["result"], kernel_rows))
-        print("\nIR interpreter: the compiled kernel IR executed with threadgroup semantics on "
-              "random data; relative error against the float64 reference at each M (N and K as in "
-              "kernel_check.check_shapes)")
+        print(KERNEL_LEGEND)
         if target.name == "metal":
-            note = ("the emitted .metal text compiled by g++ against codegen/metal_shim.h and run by "
-                    "the CPU harness (threads with real barriers, collective simdgroup matrices)")
+            note = ("the emitted .metal text compiled by g++ against codegen/metal_shim.h and run\n"
+                    "  by the CPU harness (threads with real barriers, collective simdgroup\n"
+                    "  matrices)")
             if harness is None and not args.no_check:
                 note = "skipped: no C++ compiler (g++) on this machine"
-            print(f"emitted .metal: {note}")
-    return 1 if failures else 0
+            print(f".metal: {note}; the same shapes and tolerance")
+    if args.output is not None:
+        print(f"marlin-dsl: wrote {len(compiled_all)} kernel(s), {len(written)} files, under "
+              f"{args.output}/<spec>/<gemm>/", file=sys.stderr)
+    if bad_specs:
+        print(f"marlin-dsl: {bad_specs} of {len(args.specs)} spec file(s) failed to load or compile "
+              f"(errors above)", file=sys.stderr)
+        return EXIT_INPUT
+    return EXIT_CHECK_FAILED if failures else EXIT_OK
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -270,8 +373,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from . import cache
+
+    root = cache.cache_root()
+    if args.clear:
+        print(f"removed {cache.clear() / 2**20:.1f} MB from {root}")
+        return EXIT_OK
+    print(f"cache: {root} (MARLIN_DSL_CACHE, XDG_CACHE_HOME), bound per part "
+          f"{cache.max_bytes() / 2**20:.0f} MB (MARLIN_DSL_CACHE_MAX_MB)")
+    for part in ("metal_cpu", "metal"):
+        print(f"  {part:<10} {cache.size_bytes(root / part) / 2**20:8.1f} MB")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="marlin-dsl", description=__doc__)
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="marlin-dsl", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"marlin-dsl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("formats", help="list the built-in formats").set_defaults(func=cmd_formats)
     compile_ = sub.add_parser("compile", help="load spec files, check and summarise them")
@@ -331,16 +452,33 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the backend whose kernels the layers are laid out for while converting")
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
     convert.set_defaults(func=cmd_convert)
+    cache = sub.add_parser("cache", help="show where marlin-dsl caches builds, and their size",
+                           description="The per-user cache (docs/CLI.md): g++ builds of emitted Metal "
+                                       "for the CPU harness and generated Metal launchers.")
+    cache.add_argument("--clear", action="store_true", help="remove everything in the cache")
+    cache.set_defaults(func=cmd_cache)
     return parser
 
 
+def exit_code(err: MarlinDSLError) -> int:
+    """The documented exit code of one of our errors."""
+    if isinstance(err, UsageError):
+        return EXIT_USAGE
+    if isinstance(err, EnvironmentUnavailable):
+        return EXIT_ENVIRONMENT
+    return EXIT_INPUT
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # usage errors: argparse exits with 2
     try:
         return args.func(args)
     except MarlinDSLError as err:
         print(f"marlin-dsl: error: {err}", file=sys.stderr)
-        return 2
+        return exit_code(err)
+    except KeyboardInterrupt:
+        print("marlin-dsl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .errors import MarlinDSLError
+from .errors import MarlinDSLError, UsageError
 from .ir import Kernel
 from .lowering import lower_gemm
 from .passes import DEFAULT_PIPELINE, PASSES, PassManager, build_pipeline
@@ -31,13 +31,13 @@ def pipeline_names(passes: Sequence[str] | None, stop_after: str | None) -> list
     names = list(DEFAULT_PIPELINE if passes is None else passes)
     for name in names:
         if name not in PASSES:
-            raise MarlinDSLError(f"unknown pass {name!r}; passes: {', '.join(sorted(PASSES))}")
+            raise UsageError(f"unknown pass {name!r}; passes: {', '.join(sorted(PASSES))}")
     if stop_after is None:
         return names
     if stop_after == LOWER_STAGE:
         return []
     if stop_after not in names:
-        raise MarlinDSLError(f"--stop-after {stop_after!r} is not in the pipeline "
+        raise UsageError(f"--stop-after {stop_after!r} is not in the pipeline "
                              f"({', '.join([LOWER_STAGE, *names])})")
     return names[: names.index(stop_after) + 1]
 

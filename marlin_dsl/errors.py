@@ -49,5 +49,14 @@ class ScheduleError(MarlinDSLError):
     """A schedule cannot work for its format or target (raised at the schedule's spec line)."""
 
 
+class UsageError(MarlinDSLError):
+    """A command-line option or API argument names something that does not exist (a pass,
+    a dump stage, an output path that is a file)."""
+
+
+class EnvironmentUnavailable(MarlinDSLError):
+    """This machine lacks what the command needs (a GPU backend, a compiler)."""
+
+
 class CompileError(MarlinDSLError):
     """A kernel exceeds a target limit (threadgroup memory, threads) or cannot be lowered."""

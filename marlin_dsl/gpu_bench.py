@@ -57,7 +57,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from .errors import MarlinDSLError, ScheduleError
+from .errors import EnvironmentUnavailable, MarlinDSLError, ScheduleError
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 14336), (14336, 4096))
 DEFAULT_MS: tuple[int, ...] = (1, 16, 64, 256, 2048)
@@ -619,13 +619,13 @@ def _machine() -> str:
 
 
 def gpu_backend(mx=None) -> str:
-    """'cuda' or 'metal', or MarlinDSLError saying what this machine has."""
+    """'cuda' or 'metal', or EnvironmentUnavailable saying what this machine has."""
     needs = "marlin-dsl bench needs MLX's CUDA (or Metal) GPU backend; this machine has "
     if mx is None:
         try:
             import mlx.core as mx
         except ImportError as exc:
-            raise MarlinDSLError(needs + f"no importable MLX ({exc}); {_machine()}. Install mlx[cuda13] "
+            raise EnvironmentUnavailable(needs + f"no importable MLX ({exc}); {_machine()}. Install mlx[cuda13] "
                                  "on an NVIDIA GPU machine (bench/README.md says how)") from None
     try:
         cuda = bool(hasattr(mx, "cuda") and mx.cuda.is_available())
@@ -639,7 +639,7 @@ def gpu_backend(mx=None) -> str:
         metal = False
     if metal:
         return "metal"
-    raise MarlinDSLError(
+    raise EnvironmentUnavailable(
         needs + f"MLX {getattr(mx, '__version__', '?')} with no GPU backend (default device "
         f"{mx.default_device()}; mx.cuda.is_available() and mx.metal.is_available() are false); "
         f"{_machine()}. Run it on the GPU machine (bench/README.md says how)")

@@ -6,7 +6,7 @@ from typing import Literal, Union
 
 from .errors import ScheduleError, SourceLocation
 from .formats import Format
-from .source import caller_location
+from .source import caller_location, record_declaration
 from .targets import Target
 
 def _located(obj: object) -> None:
@@ -226,6 +226,7 @@ class Gemm:
         if self.activation not in ("f16", "bf16"):
             raise ScheduleError(f"gemm {self.name!r}: activation must be 'f16' or 'bf16', "
                                      f"got {self.activation!r}", self.location)
+        record_declaration(self)
 
 
 def default_schedule(fmt: Format) -> Schedule:

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Iterator
 
 from .errors import SourceLocation
 
@@ -21,3 +24,26 @@ def caller_location() -> SourceLocation | None:
                 return SourceLocation(filename, frame.f_lineno)
         frame = frame.f_back
     return None
+
+
+#: While a spec file runs (`spec.load_spec`), every Format and Gemm constructed, in order: a
+#: declaration kept in a list, a dict or only in a loop variable is still a declaration.
+_DECLARED: ContextVar[list | None] = ContextVar("marlin_dsl_declared", default=None)
+
+
+def record_declaration(obj: object) -> None:
+    """Note a validated Format or Gemm when a spec file is being loaded (else nothing)."""
+    declared = _DECLARED.get()
+    if declared is not None:
+        declared.append(obj)
+
+
+@contextmanager
+def collecting_declarations() -> Iterator[list]:
+    """The list that `record_declaration` fills while the block runs."""
+    declared: list = []
+    token = _DECLARED.set(declared)
+    try:
+        yield declared
+    finally:
+        _DECLARED.reset(token)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import MarlinDSLError, SourceLocation, SpecError
+from .source import collecting_declarations
 from .formats import Format
 from .schedule import Gemm, Schedule
 
@@ -45,23 +46,37 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"syntax error: {err.msg}", SourceLocation(filename, err.lineno or 0)) from err
     namespace: dict[str, object] = {"__name__": f"marlin_spec_{spec_path.stem}", "__file__": filename}
     try:
-        exec(code, namespace)
+        with collecting_declarations() as made:
+            exec(code, namespace)
     except MarlinDSLError:
         raise
     except Exception as err:  # report the failing line of the spec, not a deep frame
         line = _last_line_in(err, filename)
         raise SpecError(f"{type(err).__name__}: {err}", SourceLocation(filename, line)) from err
-    declared = list(namespace.values())
+    # Declarations are what the file made (in a list, a dict or a loop variable too: nothing
+    # it declares is dropped) and what its top level names (imported from elsewhere too).
+    here = [v for v in made if v.location is not None and v.location.file == filename]
+    declared = [*here, *namespace.values()]
     gemms = _unique(v for v in declared if isinstance(v, Gemm))
     formats = _unique([*(v for v in declared if isinstance(v, Format)), *(g.format for g in gemms)])
     schedules = _unique([*(v for v in declared if isinstance(v, Schedule)), *(g.schedule for g in gemms)])
     if not formats:
-        raise SpecError(f"spec file {filename!r} declares no Format or Gemm at its top level")
-    names = [g.name for g in gemms]
-    for g in gemms:
-        if names.count(g.name) > 1:
-            raise SpecError(f"two gemms are named {g.name!r}", g.location)
+        raise SpecError(f"spec file {filename!r} declares no Format or Gemm")
+    _check_names("gemm", gemms)
+    formats = _check_names("format", formats)
     return Spec(spec_path, formats, schedules, gemms)
+
+
+def _check_names(kind: str, items: list) -> list:
+    """Two different declarations of one name would share kernel names and output files; two
+    equal formats are one. Returns the items without repeats."""
+    first: dict[str, object] = {}
+    for item in items:
+        seen = first.setdefault(item.name, item)
+        if seen is not item and (kind == "gemm" or seen != item):
+            where = f" (the first at line {seen.location.line})" if seen.location else ""
+            raise SpecError(f"two different {kind}s are named {item.name!r}{where}", item.location)
+    return list(first.values())
 
 
 def _unique(values) -> list:

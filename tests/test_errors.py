@@ -249,7 +249,7 @@ def test_non_finite_loaded_scales_and_zeros(array, index):
     with pytest.raises(m.ValueRangeError) as info:
         m.validate(_replace(packed, **{array: values}))
     msg = str(info.value)
-    assert msg.startswith(array) and str(index) in msg and "not finite" in msg
+    assert msg.startswith(f"{array}[{index[0]}, {index[1]}]") and "not finite" in msg
 
 
 def test_block_pattern_omitting_a_nonzero():

@@ -423,7 +423,7 @@ def test_gpu_backend_without_mlx(monkeypatch):
 @pytest.mark.skipif(GPU, reason="this machine has a GPU backend")
 def test_cli_bench_without_gpu_is_a_clear_error(tmp_path, capsys):
     out = tmp_path / "results"
-    assert main(["bench", "--quick", "--out", str(out)]) == 2
+    assert main(["bench", "--quick", "--out", str(out)]) == 4  # environment (docs/CLI.md)
     err = capsys.readouterr().err
     assert err.startswith("marlin-dsl: error: marlin-dsl bench needs MLX's CUDA (or Metal) GPU backend; "
                           "this machine has ")
@@ -436,7 +436,7 @@ def test_cli_bench_without_gpu_is_a_clear_error(tmp_path, capsys):
 def test_cli_bench_without_gpu_as_a_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "marlin_dsl.cli", "bench", "--quick", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 2 and "needs MLX's CUDA (or Metal) GPU backend" in done.stderr
+    assert done.returncode == 4 and "needs MLX's CUDA (or Metal) GPU backend" in done.stderr
     assert "Traceback" not in done.stderr
 
 

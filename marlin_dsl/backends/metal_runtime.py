@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -17,7 +16,9 @@ from ..targets import METAL
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("MARLIN_DSL_CACHE", Path.home() / ".cache" / "marlin_dsl"))
+    from ..cache import cache_root
+
+    return cache_root()
 
 
 @lru_cache(maxsize=None)

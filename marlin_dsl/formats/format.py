@@ -16,7 +16,7 @@ from typing import Union
 import numpy as np
 
 from ..errors import FormatError, ShapeError, SourceLocation
-from ..source import caller_location
+from ..source import caller_location, record_declaration
 from .bitstream import WORD_DTYPES, fields_per_group
 from .encodings import Encoding
 from .scaling import PER_COLUMN, GroupBias, GroupScale, ZeroPoint
@@ -149,6 +149,7 @@ class Format:
                 f"K granule {self.k_granule} (the K positions one packed word group covers)",
                 self.scale.location or where,
             )
+        record_declaration(self)
 
     # ----- derived layout -------------------------------------------------------------
 

@@ -147,4 +147,15 @@ def _scale_at_least(scale: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndar
             f"{storage.name}'s largest value {storage.max_value} for format {fmt.name!r}"
         )
     stored = storage.round_up(np.where(scale > 0, scale, 1.0))
-    return stored, storage.to_float64(stored)
+    values = storage.to_float64(stored)
+    # Below the storage type's range the scale rounds up to its smallest value, and the group
+    # quantises to (nearly) all zeros: an error, not a silently useless weight.
+    lost = (scale > 0) & (values > 2.0 * scale)
+    if lost.any():
+        g, col = (int(i) for i in np.argwhere(lost)[0])
+        raise ValueRangeError(
+            f"weights: group {g} of column {col} needs scale {scale[g, col]:.6g}, below what "
+            f"{storage.name} scales of format {fmt.name!r} hold (it would be stored as "
+            f"{values[g, col]:.6g} and the group would quantise to zeros); rescale the weights "
+            f"or declare a wider scale type (GroupScale(dtype='f32'))")
+    return stored, values

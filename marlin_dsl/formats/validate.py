@@ -14,7 +14,8 @@ def validate(packed: PackedWeights) -> None:
     """Raise a ValueError subclass naming the array and index of the first problem.
 
     Checks: the exact set of arrays, each one's shape and dtype, finite scales, zero points
-    and biases (decoded from their storage type: E8M0 code 255 and E4M3's NaN codes fail), N:M metadata fields (strictly increasing positions below m: for 2:4 the six
+    and biases (decoded from their storage type: E8M0 code 255 and E4M3's NaN codes fail),
+    positive scales (formats without a bias), N:M metadata fields (strictly increasing positions below m: for 2:4 the six
     nibbles 4, 8, 9, 12, 13, 14), and block patterns that cover every non-zero value.
     """
     fmt = packed.format
@@ -33,7 +34,12 @@ def validate(packed: PackedWeights) -> None:
         values = storage.to_float64(packed.arrays[name])
         if not np.isfinite(values).all():
             bad = first_index(~np.isfinite(values))
-            raise ValueRangeError(f"{name}{bad} is not finite: {describe_stored(storage, packed.arrays[name][bad])}")
+            raise ValueRangeError(f"{name}{_at(bad)} is not finite: {describe_stored(storage, packed.arrays[name][bad])}")
+        if name == "scales" and positive_scales(fmt) and not (values > 0).all():
+            bad = first_index(~(values > 0))
+            raise ValueRangeError(f"scales{_at(bad)} = {describe_stored(storage, packed.arrays[name][bad])} is not "
+                                  f"positive (format {fmt.name!r} has no bias: a zero or negative "
+                                  f"scale zeroes or flips its group)")
     sp = fmt.sparsity
     if isinstance(sp, NMSparsity):
         fields = unpack_bits(packed["meta"], sp.meta_bits, fmt.packing.word_bits)
@@ -49,6 +55,18 @@ def validate(packed: PackedWeights) -> None:
             )
     elif isinstance(sp, BlockPatternSparsity):
         _check_patterns(packed, sp)
+
+
+def _at(index: tuple) -> str:
+    """An array index as code writes it: [1, 7]."""
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def positive_scales(fmt) -> bool:
+    """Scales must be > 0 where a format has no bias (its quantiser never stores another; a
+    zero scale would silently zero a group). With a bias (MLX's affine mode) w = s * q + b is
+    meaningful for any s, as MLX may store it."""
+    return fmt.bias is None
 
 
 def describe_stored(storage: StorageType, stored: object) -> str:

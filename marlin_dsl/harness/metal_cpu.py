@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -95,10 +94,15 @@ def find_compiler() -> str | None:
 
 
 def _cache_dir() -> Path:
-    """$MARLIN_METAL_CPU_CACHE, else <tmp>/marlin_dsl_metal_cpu."""
-    d = Path(os.environ.get("MARLIN_METAL_CPU_CACHE") or Path(tempfile.gettempdir()) / "marlin_dsl_metal_cpu")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """$MARLIN_METAL_CPU_CACHE, else the per-user cache's metal_cpu/ (marlin_dsl/cache.py)."""
+    explicit = os.environ.get("MARLIN_METAL_CPU_CACHE")
+    if explicit:
+        d = Path(explicit)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+    from ..cache import cache_dir
+
+    return cache_dir("metal_cpu")
 
 
 _VERSION_CACHE: dict[str, str] = {}
@@ -336,6 +340,9 @@ def compile_metal(source: MetalSource | Kernel, *, flags: Iterable[str] = DEFAUL
         raise MetalCPUError(f"g++ rejected the Metal text of kernel {src.name} ({cpp}):\n{proc.stderr[:6000]}",
                             "compile")
     os.replace(tmp, so)
+    from ..cache import prune
+
+    prune(root, keep=(so, cpp))  # bounded: least recently used builds go first
     return CompiledMetal(src, so, text)
 
 
