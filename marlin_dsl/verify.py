@@ -53,11 +53,23 @@ def sample_weights(fmt: Format, k: int, n: int, rng: np.random.Generator) -> np.
     return w
 
 
+def format_weights(fmt: Format, k: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`sample_weights` in the format's own range, so that any declarable format can be
+    checked: without a zero point or bias, positive weights scaled to the table's largest
+    value and negative ones to its most negative (none where the table has none), so scales
+    sit near 1 in every storage type; with one, magnitudes around the table's largest."""
+    w = sample_weights(fmt, k, n, rng)
+    table = fmt.element.table()
+    if fmt.zero_point is None and fmt.bias is None:
+        return np.where(w >= 0, w * max(float(table.max()), 0.0), -w * min(float(table.min()), 0.0))
+    return w * float(np.abs(table).max())
+
+
 def verify_format(fmt: Format, rng: np.random.Generator, n: int = 65, m: int = 3) -> FormatCheck:
     """Quantise, prune, pack, reload and compare one format on a small random problem."""
     g = fmt.scale.group_size
     k = 2 * (fmt.k_granule if g == PER_COLUMN else lcm(fmt.k_granule, int(g)))
-    w = sample_weights(fmt, k, n, rng)
+    w = format_weights(fmt, k, n, rng)
     result = FormatCheck(fmt, (k, n))
     q = quantize(fmt, w)
     result.quant_excess = _quantisation_excess(q, w)

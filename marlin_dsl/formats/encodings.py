@@ -17,6 +17,15 @@ from ..source import caller_location
 from .chunking import BLOCK_ELEMENTS
 
 
+def _integers(obj: object, *names: str) -> None:
+    """FormatError at the declaration unless each named field holds an integer."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise FormatError(f"{type(obj).__name__}: {name} must be an integer, got {value!r}",
+                              getattr(obj, "location", None))
+
+
 @dataclass(frozen=True)
 class Encoding:
     """Base of all element encodings: `bits` wide codes, decoded through a table."""
@@ -94,6 +103,7 @@ class FloatEncoding(Encoding):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _integers(self, "exp_bits", "man_bits", "bias")
         width = self.exp_bits + self.man_bits + (1 if self.signed else 0)
         if self.exp_bits < 1 or self.man_bits < 0 or width != self.bits:
             raise FormatError(
@@ -140,6 +150,7 @@ class IntEncoding(Encoding):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _integers(self, "offset")
         if not 0 <= self.offset < 2**self.bits:
             raise FormatError(
                 f"IntEncoding: offset must be in 0..{2**self.bits - 1}, got {self.offset}",
@@ -174,6 +185,9 @@ class TableEncoding(Encoding):
             )
         if not all(np.isfinite(self.values)):
             raise FormatError("TableEncoding: values must be finite", self.location)
+        if not any(self.values):  # a scale cannot map any weight onto an all-zero table
+            raise FormatError("TableEncoding: values are all zero; a table needs a non-zero value",
+                              self.location)
 
     @property
     def kind(self) -> str:
