@@ -60,6 +60,7 @@ def format_weights(fmt: Format, k: int, n: int, rng: np.random.Generator) -> np.
     sit near 1 in every storage type; with one, magnitudes around the table's largest."""
     w = sample_weights(fmt, k, n, rng)
     table = fmt.element.table()
+    table = table[np.isfinite(table)]
     if fmt.zero_point is None and fmt.bias is None:
         return np.where(w >= 0, w * max(float(table.max()), 0.0), -w * min(float(table.min()), 0.0))
     return w * float(np.abs(table).max())
@@ -109,6 +110,7 @@ def _quantisation_excess(q, w: np.ndarray) -> float:
     k, n = w.shape
     g = fmt.group_size_for(k)
     table = fmt.element.table()
+    table = table[np.isfinite(table)]  # reserved codes are not representable values
     params = {name: np.repeat(storage.to_float64(q.parameter(name)), g, axis=0)
               for name, storage in fmt.parameters().items()}
     s = params["scales"]

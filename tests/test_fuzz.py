@@ -41,7 +41,8 @@ def encodings(draw) -> str:
         exp = draw(st.integers(1, bits - 1))
         args = [f"bits={draw(_or_wild(st.just(bits)))}", f"exp_bits={draw(_or_wild(st.just(exp)))}",
                 f"man_bits={draw(_or_wild(st.just(bits - 1 - exp)))}",
-                f"bias={draw(_or_wild(st.integers(0, 2 ** (exp - 1))))}"]
+                f"bias={draw(_or_wild(st.integers(0, 2 ** (exp - 1))))}",
+                f"specials={draw(st.sampled_from(['none', 'none', 'fn', 'ieee', 'nan']))!r}"]
         return f"FloatEncoding({', '.join(args)})"
     if kind == "int":
         return f"IntEncoding({draw(_or_wild(st.just(bits)))}, offset={draw(_or_wild(st.integers(0, 2 ** bits - 1)))})"

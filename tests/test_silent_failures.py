@@ -49,3 +49,54 @@ def test_affine_formats_take_any_scale_sign() -> None:
     packed.arrays["scales"][0, 3] = 0.0
     md.validate(packed)
     validate_mx(fmt, packed.shape, packed_to_mx(packed.arrays, fmt))
+
+
+# ----- codes that are not numbers (FloatEncoding.specials) -----------------------------------------
+
+E4M3FN = md.FloatEncoding(bits=8, exp_bits=4, man_bits=3, bias=7, specials="fn")
+
+
+def test_e4m3fn_has_nan_codes_and_448_as_its_largest_value() -> None:
+    table = E4M3FN.table()
+    assert np.isnan(table[0x7F]) and np.isnan(table[0xFF]) and np.isfinite(np.delete(table, [0x7F, 0xFF])).all()
+    assert E4M3FN.value_range == (-448.0, 448.0)
+    # Without specials every code is a number: 0x7F is 480 (not OCP E4M3FN).
+    plain = md.FloatEncoding(bits=8, exp_bits=4, man_bits=3, bias=7)
+    assert plain.table()[0x7F] == 480.0 and plain.value_range == (-480.0, 480.0)
+    e5m2 = md.FloatEncoding(bits=8, exp_bits=5, man_bits=2, bias=15, specials="ieee")
+    assert np.isinf(e5m2.table()[0x7C]) and e5m2.value_range == (-57344.0, 57344.0)
+
+
+def test_quantising_never_stores_a_nan_code() -> None:
+    from marlin_dsl.formats.bitstream import unpack_bits
+
+    fmt = md.Format("fp8_e4m3", E4M3FN, md.GroupScale(32))
+    w = np.random.default_rng(4).standard_normal((256, 64))
+    packed = md.pack(fmt, w)
+    codes = unpack_bits(packed["qweight"], 8, 32)
+    assert not np.isin(codes, [0x7F, 0xFF]).any()
+    assert np.isin(codes & 0x7F, [0x7E]).any()  # each group's largest value is 448 (0x7E)
+    assert np.isfinite(md.dequantize(packed)).all()
+
+
+def test_loaded_nan_codes_are_refused_by_name() -> None:
+    fmt = md.Format("fp8_e4m3", E4M3FN, md.GroupScale(32))
+    packed = md.pack(fmt, np.random.default_rng(5).standard_normal((128, 16)))
+    word = packed.arrays["qweight"][3, 5]
+    packed.arrays["qweight"][3, 5] = (word & ~np.uint32(0xFF << 16)) | np.uint32(0xFF << 16)
+    message = r"qweight\[3, 5\] field 2: code 0xff is nan in format 'fp8_e4m3'"
+    with pytest.raises(ValueRangeError, match=message):
+        md.validate(packed)
+    with pytest.raises(ValueRangeError, match=message):
+        validate_mx(fmt, packed.shape, packed_to_mx(packed.arrays, fmt))
+
+
+def test_specials_are_checked_and_survive_the_text_form() -> None:
+    from marlin_dsl.formats.text import format_to_text, formats_from_text
+
+    with pytest.raises(md.FormatError, match=r"specials must be one of \['none', 'fn', 'ieee'\], got 'nan'"):
+        md.FloatEncoding(bits=8, exp_bits=4, man_bits=3, bias=7, specials="nan")
+    fmt = md.Format("fp8_e4m3", E4M3FN, md.GroupScale(32))
+    text = format_to_text(fmt)
+    assert "specials=fn" in text and formats_from_text(text)[0] == fmt
+    assert "specials" not in format_to_text(md.builtin_format("fp4"))  # older texts unchanged

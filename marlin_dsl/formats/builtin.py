@@ -11,6 +11,7 @@ from .sparsity import BlockPatternSparsity, NMSparsity
 GroupSize = int | Literal["K"]
 
 #: FP4 E2M1, bias 1, sign bit 3 (seed 002): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+#: OCP MX FP4 convention: every code is a number (specials="none": no NaN, no infinity).
 E2M1 = FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1)
 #: Unsigned INT4 (0..15), used with zero points.
 UINT4 = IntEncoding(bits=4)

@@ -17,6 +17,10 @@ from ..source import caller_location
 from .chunking import BLOCK_ELEMENTS
 
 
+#: FloatEncoding.specials conventions (see its docstring).
+FLOAT_SPECIALS = ("none", "fn", "ieee")
+
+
 def _integers(obj: object, *names: str) -> None:
     """FormatError at the declaration unless each named field holds an integer."""
     for name in names:
@@ -62,13 +66,26 @@ class Encoding:
         raise NotImplementedError
 
     @cached_property
+    def reserved_codes(self) -> np.ndarray:
+        """Codes that decode to NaN or infinity (FloatEncoding.specials): never stored."""
+        return np.flatnonzero(~np.isfinite(self._table))
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        """(smallest, largest) finite value: what quantising maps a group onto."""
+        finite = self._table[np.isfinite(self._table)]
+        return float(finite.min()), float(finite.max())
+
+    @cached_property
     def _rounding(self) -> tuple[np.ndarray, np.ndarray, bool]:
         """For `nearest_codes`: the midpoints between consecutive distinct table values, the
         (smallest) code of each distinct value, and whether those codes are just 0, 1, 2, ...
         (integer encodings, NF4), so that the index of the nearest value is the code."""
         table = self._table
-        # Stable sort: among equal values the smallest code comes first.
+        # Stable sort: among equal values the smallest code comes first; reserved codes
+        # (NaN, infinities) are never chosen.
         order = np.argsort(table, kind="stable")
+        order = order[np.isfinite(table[order])]
         sorted_values = table[order]
         unique_values, first = np.unique(sorted_values, return_index=True)
         unique_codes = order[first].astype(np.uint8)
@@ -90,16 +107,24 @@ class Encoding:
 
 @dataclass(frozen=True)
 class FloatEncoding(Encoding):
-    """A minifloat: [sign][exponent][mantissa], IEEE-style with subnormals, no inf/NaN.
+    """A minifloat: [sign][exponent][mantissa], IEEE-style with subnormals.
 
     FP4 E2M1 (seed 002) is `FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1)`: the sign
     is bit 3, exponent 0 is subnormal (value = M * 2**(1-bias) / 2**man_bits).
+
+    `specials` says which codes are not numbers (they are never produced by quantising and
+    are refused in loaded weights):
+    - "none" (default): every code is a finite value (OCP FP4 E2M1 and FP6 have no specials);
+    - "fn": the all-ones exponent with the all-ones mantissa is NaN, there is no infinity
+      (OCP FP8 E4M3FN: 0x7F and 0xFF are NaN, 448 is the largest value);
+    - "ieee": the all-ones exponent is infinity (mantissa 0) or NaN (OCP FP8 E5M2).
     """
 
     exp_bits: int = 2
     man_bits: int = 1
     bias: int = 1
     signed: bool = True
+    specials: str = "none"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -111,6 +136,12 @@ class FloatEncoding(Encoding):
                 f"man_bits({self.man_bits}) must equal bits({self.bits})",
                 self.location,
             )
+        if self.specials not in FLOAT_SPECIALS:
+            raise FormatError(f"FloatEncoding: specials must be one of {list(FLOAT_SPECIALS)}, "
+                              f"got {self.specials!r}", self.location)
+        if self.specials == "ieee" and self.exp_bits < 2:
+            raise FormatError("FloatEncoding: specials='ieee' reserves the all-ones exponent; it "
+                              "needs exp_bits >= 2", self.location)
 
     @property
     def kind(self) -> str:
@@ -128,6 +159,12 @@ class FloatEncoding(Encoding):
         normal = np.ldexp(1.0 + frac, (exponent - self.bias).astype(np.int32))
         subnormal = np.ldexp(frac, 1 - self.bias)
         magnitude = np.where(exponent == 0, subnormal, normal)
+        top_exponent = exponent == (1 << self.exp_bits) - 1
+        all_ones = (codes & ((1 << self.man_bits) - 1)) == (1 << self.man_bits) - 1
+        if self.specials == "fn":
+            magnitude = np.where(top_exponent & all_ones, np.nan, magnitude)
+        elif self.specials == "ieee":
+            magnitude = np.where(top_exponent, np.where(mantissa == 0, np.inf, np.nan), magnitude)
         if self.signed:
             negative = (codes >> (self.exp_bits + self.man_bits)) & 1
             return np.where(negative == 1, -magnitude, magnitude)
@@ -135,7 +172,8 @@ class FloatEncoding(Encoding):
 
     def describe(self) -> str:
         sign = "S1" if self.signed else "S0"
-        return f"float {sign}E{self.exp_bits}M{self.man_bits} bias {self.bias}"
+        special = {"none": "", "fn": " FN (NaN code)", "ieee": " (inf/NaN codes)"}[self.specials]
+        return f"float {sign}E{self.exp_bits}M{self.man_bits} bias {self.bias}{special}"
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ class Format:
                 where,
             )
         if (self.zero_point is not None and self.zero_point.dtype == "u8"
-                and self.element.table().min() < 0):
+                and self.element.value_range[0] < 0):
             raise FormatError(
                 f"format {self.name!r}: u8 zero points need an encoding without negative "
                 f"values (use IntEncoding offset 0, or ZeroPoint('f16'))",

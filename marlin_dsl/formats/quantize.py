@@ -66,6 +66,7 @@ def group_parameters(fmt: Format, group_max: np.ndarray, group_min: np.ndarray,
     as `quantize` picks them. `weights()` gives the [K, N] weights, needed only to name an
     offending element in an error. The MLX packer (mlx_pack.py) shares this with numpy."""
     table = fmt.element.table()
+    table = table[np.isfinite(table)]  # reserved codes (NaN, infinities) are never chosen
     lo, hi = float(table.min()), float(table.max())
     zero = bias = None
     stored: dict[str, np.ndarray] = {}

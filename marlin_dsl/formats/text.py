@@ -194,7 +194,7 @@ _ITEMS: dict[str, dict[str | None, _Kind]] = {
     "element": {
         "float": (FloatEncoding, (("bits", "bits", _int), ("exp_bits", "exp_bits", _int),
                                   ("man_bits", "man_bits", _int), ("bias", "bias", _int),
-                                  ("signed", "signed", _bool))),
+                                  ("signed", "signed", _bool), ("specials", "specials", _ident))),
         "int": (IntEncoding, (("bits", "bits", _int), ("offset", "offset", _int))),
         "table": (TableEncoding, (("bits", "bits", _int), ("values", "values", _floats))),
     },
@@ -213,6 +213,11 @@ _ITEMS: dict[str, dict[str | None, _Kind]] = {
 
 # ----- printing -------------------------------------------------------------------------------
 
+#: Attributes written only when they differ from their default, so that adding them left the
+#: text (and everything keyed by it: kernel names, caches, saved models) of older formats as is.
+_OMITTED_AT_DEFAULT = {("element", "specials"): "none"}
+
+
 def _item_to_text(keyword: str, part: object, fmt: Format) -> str:
     for kind, (cls, attrs) in _ITEMS[keyword].items():
         if type(part) is cls:  # exact type: a subclass may carry fields we would drop
@@ -220,6 +225,8 @@ def _item_to_text(keyword: str, part: object, fmt: Format) -> str:
             values = []
             for name, field_name, _ in attrs:
                 value = getattr(part, field_name)
+                if _OMITTED_AT_DEFAULT.get((keyword, name), object()) == value:
+                    continue
                 # Every string field of a format part (dtypes, group size K) is an identifier.
                 values.append((name, Symbol(value) if isinstance(value, str) else value))
             return head + attrs_to_text(values)

@@ -40,6 +40,7 @@ def validate(packed: PackedWeights) -> None:
             raise ValueRangeError(f"scales{_at(bad)} = {describe_stored(storage, packed.arrays[name][bad])} is not "
                                   f"positive (format {fmt.name!r} has no bias: a zero or negative "
                                   f"scale zeroes or flips its group)")
+    _check_reserved_codes(packed)
     sp = fmt.sparsity
     if isinstance(sp, NMSparsity):
         fields = unpack_bits(packed["meta"], sp.meta_bits, fmt.packing.word_bits)
@@ -55,6 +56,25 @@ def validate(packed: PackedWeights) -> None:
             )
     elif isinstance(sp, BlockPatternSparsity):
         _check_patterns(packed, sp)
+
+
+def _check_reserved_codes(packed: PackedWeights) -> None:
+    """Codes that are not numbers (FloatEncoding.specials) are never stored by quantising; in
+    loaded weights they are refused, naming the word and the field within it."""
+    fmt = packed.format
+    reserved = fmt.element.reserved_codes
+    if reserved.size == 0:
+        return
+    codes = unpack_bits(packed["qweight"], fmt.element.bits, fmt.packing.word_bits)
+    bad = np.isin(codes, reserved)
+    if bad.any():
+        row, col = first_index(bad)
+        per_word = fmt.packing.word_bits // fmt.element.bits
+        value = fmt.element.table()[codes[row, col]]
+        raise ValueRangeError(
+            f"qweight[{row // per_word}, {col}] field {row % per_word}: code "
+            f"{int(codes[row, col]):#x} is {value} in format {fmt.name!r} "
+            f"({fmt.element.describe()}), not a value")
 
 
 def _at(index: tuple) -> str:

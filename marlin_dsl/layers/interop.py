@@ -24,9 +24,9 @@ from ..formats import FloatEncoding, Format, GroupBias, GroupScale, IntEncoding,
 
 #: FP4 E2M1 (OCP microscaling element; the same as the built-in fp4's).
 E2M1 = FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1)
-#: FP8 E4M3 as an IEEE-style minifloat: the finite values of E4M3FN. Its codes 0x7F and 0xFF
-#: are NaN in E4M3FN (and in MLX); loading refuses weights that hold them.
-E4M3 = FloatEncoding(bits=8, exp_bits=4, man_bits=3, bias=7)
+#: FP8 E4M3FN (OCP): codes 0x7F and 0xFF are NaN (as in MLX), 448 is the largest value;
+#: loading refuses weights that hold NaN codes.
+E4M3 = FloatEncoding(bits=8, exp_bits=4, man_bits=3, bias=7, specials="fn")
 _E4M3_NAN_CODE = 0x7F  # with the sign bit: 0xFF
 
 _DTYPE_NAMES = {mx.float16: "f16", mx.bfloat16: "bf16", mx.float32: "f32"}

@@ -29,6 +29,11 @@ def validate_mx(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.arr
               for name, storage in fmt.parameters().items()]
     if positive_scales(fmt):
         checks.append(mx.all(parameter_mx(fmt.scale.storage, arrays["scales"]).astype(mx.float32) > 0))
+    reserved = fmt.element.reserved_codes
+    if reserved.size:  # codes that are NaN / infinite in the encoding (FloatEncoding.specials)
+        finite = np.isfinite(fmt.element.table())
+        codes = unpack_bits_mx(arrays["qweight"], fmt.element.bits, fmt.packing.word_bits)
+        checks.append(mx.all(mx.take(mx.array(finite), codes)))
     sp = fmt.sparsity
     if isinstance(sp, NMSparsity):
         fields = unpack_bits_mx(arrays["meta"], sp.meta_bits, fmt.packing.word_bits)
