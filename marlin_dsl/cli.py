@@ -72,9 +72,9 @@ def cmd_formats(_: argparse.Namespace) -> int:
         total = fmt.bits_per_weight(k, n, include_scales=True)
         rows.append([name, fmt.describe(), f"{bits:.3f}", f"{total:.3f}", f"{total / 16:.3f}"])
         docs.append(f"  {name}: {fmt.doc}")
-    print(_table(["format", "description", "bits/w", "bits/w+params", "vs fp16"], rows))
-    print(f"\nbits/w: codes and sparsity metadata per weight; bits/w+params: with scales, zero "
-          f"points and biases;\nvs fp16: storage with parameters / fp16 storage; all at K x N = "
+    print(_table(["format", "description", "codes b/w", "bits/w", "vs fp16"], rows))
+    print(f"\ncodes b/w: codes and sparsity metadata per weight; bits/w: all storage per weight, with\n"
+          f"scales, zero points and biases (as in `compile`); vs fp16: bits/w / 16; at K x N = "
           f"{REPORT_SHAPE[0]} x {REPORT_SHAPE[1]}.\n")
     print("\n".join(docs))
     return EXIT_OK

@@ -141,3 +141,17 @@ def test_ctrl_c_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     monkeypatch.setattr(cli, "cmd_formats", interrupted)
     assert main(["formats"]) == cli.EXIT_INTERRUPTED
     assert capsys.readouterr().err == "marlin-dsl: interrupted\n"
+
+
+def test_bits_per_weight_means_the_same_in_both_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`formats` and `compile` both report bits/w with scales (fp4, group 128: 4 + 16/128)."""
+    assert main(["formats"]) == cli.EXIT_OK
+    header, _, *rows = capsys.readouterr().out.splitlines()
+    fp4_row = next(r for r in rows if r.startswith("fp4 "))
+    start = header.index("bits/w", header.index("codes b/w") + len("codes b/w"))
+    assert fp4_row[start:].split()[0] == "4.125" and "4.000" in fp4_row.split()  # with / without scales
+    spec = tmp_path / "b.py"
+    spec.write_text("import marlin_dsl as md\nfp4 = md.builtin_format('fp4')\n")
+    assert main(["compile", str(spec)]) == cli.EXIT_OK
+    line = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("b.py:2"))
+    assert "4.125" in line.split()
