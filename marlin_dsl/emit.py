@@ -14,6 +14,7 @@ from pathlib import Path
 from .backends.metal import DIMS_NAME, MetalSource, print_metal
 from .compiler import CompiledGemm
 from .formats import Format
+from .formats.format import PARAMETER_ARRAYS
 from .formats.scaling import PER_COLUMN
 from .formats.text import format_to_text
 from .ir.text import print_kernel
@@ -43,7 +44,7 @@ def buffer_shapes(fmt: Format) -> dict[str, str]:
     shapes = {}
     for spec in fmt.buffers(k, 7):
         rows, cols = spec.shape
-        if spec.name in ("scales", "zeros") and g == PER_COLUMN:
+        if spec.name in PARAMETER_ARRAYS and g == PER_COLUMN:
             row_text = "1"
         else:
             ratio = Fraction(rows, k)

@@ -221,6 +221,9 @@ class Gemm:
 
     def __post_init__(self) -> None:
         _located(self)
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ScheduleError(f"Gemm name must be an identifier (it names kernels and files), "
+                                f"got {self.name!r}", self.location)
         if not isinstance(self.format, Format) or not isinstance(self.schedule, Schedule):
             raise ScheduleError(f"gemm {self.name!r}: needs a Format and a Schedule", self.location)
         if self.activation not in ("f16", "bf16"):

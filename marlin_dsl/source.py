@@ -47,3 +47,13 @@ def collecting_declarations() -> Iterator[list]:
         yield declared
     finally:
         _DECLARED.reset(token)
+
+
+@contextmanager
+def suspended_declarations() -> Iterator[None]:
+    """Objects made in the block are not declarations (a helper's intermediate values)."""
+    token = _DECLARED.set(None)
+    try:
+        yield
+    finally:
+        _DECLARED.reset(token)

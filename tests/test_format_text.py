@@ -162,12 +162,12 @@ def test_printing_is_deterministic() -> None:
     a = builtin_format("uint4_zp", 64)
     # Same format declared another way (keyword order, explicit defaults, other location).
     b = Format(doc=a.doc, packing=Packing(32), zero_point=ZeroPoint(), scale=GroupScale(64),
-               element=IntEncoding(bits=4, offset=0), name="uint4_zp")
+               element=IntEncoding(bits=4, offset=0), name="uint4_zp_g64")
     assert a == b
     assert format_to_text(a) == format_to_text(b) == format_to_text(a)
     text = format_to_text(a)
-    assert formats_to_text(formats_from_text(text + "\n" + text.replace("uint4_zp", "y"))) == (
-        text + "\n" + text.replace("uint4_zp", "y"))
+    assert formats_to_text(formats_from_text(text + "\n" + text.replace("uint4_zp_g64", "y"))) == (
+        text + "\n" + text.replace("uint4_zp_g64", "y"))
 
 
 # ----- errors ---------------------------------------------------------------------------------

@@ -100,3 +100,40 @@ def test_specials_are_checked_and_survive_the_text_form() -> None:
     text = format_to_text(fmt)
     assert "specials=fn" in text and formats_from_text(text)[0] == fmt
     assert "specials" not in format_to_text(md.builtin_format("fp4"))  # older texts unchanged
+
+
+def test_e5m2_without_specials_decodes_right_with_f16_activations() -> None:
+    """Its all-ones exponent holds numbers (to 114688), which f16's decode would make inf:
+    the kernel dequantises in f32 instead (found by the spec reference's author)."""
+    from marlin_dsl import METAL, FusedDequant, Gemm, Schedule
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.kernel_check import check_kernel, check_shapes
+
+    e5m2 = md.FloatEncoding(bits=8, exp_bits=5, man_bits=2, bias=15)
+    fmt = md.Format("e5m2", e5m2, md.GroupScale(32))
+    gemm = Gemm("e5m2_f16", fmt, Schedule("s", tile_m=32, tile_n=32, tile_k=32, warps_m=1, warps_n=2,
+                                          pipeline=FusedDequant()), "f16")
+    kernel = compile_gemm(gemm, METAL).kernel
+    rng = np.random.default_rng(6)
+    assert all(check_kernel(gemm, kernel, shape, rng).ok for shape in check_shapes(gemm))
+
+
+def test_gemm_names_must_be_identifiers(tmp_path) -> None:
+    from marlin_dsl.errors import SpecError
+    from marlin_dsl.spec import load_spec
+
+    spec = tmp_path / "names.py"
+    spec.write_text("from marlin_dsl import Gemm, FusedDequant, Schedule, builtin_format\n"
+                    "s = Schedule('s', tile_m=32, tile_n=32, tile_k=32, warps_m=1, warps_n=2, pipeline=FusedDequant())\n"
+                    "g = Gemm('my gemm', builtin_format('fp4'), s)\n")
+    with pytest.raises(md.MarlinDSLError, match=r"names.py:3: Gemm name must be an identifier"):
+        load_spec(spec)
+
+
+def test_builtin_formats_with_other_groups_have_their_own_names(tmp_path) -> None:
+    from marlin_dsl.spec import load_spec
+
+    assert md.builtin_format("fp4", 64).name == "fp4_g64" and md.builtin_format("fp4", 128).name == "fp4"
+    spec = tmp_path / "two.py"
+    spec.write_text("import marlin_dsl as md\na = md.builtin_format('fp4')\nb = md.builtin_format('fp4', 64)\n")
+    assert [f.name for f in load_spec(spec).formats] == ["fp4", "fp4_g64"]

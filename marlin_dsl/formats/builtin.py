@@ -1,12 +1,14 @@
 """The built-in formats. Each is plain data: a new format needs no code beside its description."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Literal
 
 from .encodings import FloatEncoding, IntEncoding, TableEncoding
 from .format import Format
 from .scaling import GroupScale, ZeroPoint
 from .sparsity import BlockPatternSparsity, NMSparsity
+from ..source import record_declaration, suspended_declarations
 
 GroupSize = int | Literal["K"]
 
@@ -72,4 +74,11 @@ def builtin_format(name: str, group_size: GroupSize | None = None) -> Format:
     if name not in BUILTIN_FORMATS:
         raise KeyError(f"unknown format {name!r}; built-in formats: {sorted(BUILTIN_FORMATS)}")
     factory = BUILTIN_FORMATS[name]
-    return factory() if group_size is None else factory(group_size)
+    with suspended_declarations():  # only the format handed back is a spec's declaration
+        fmt = factory() if group_size is None else factory(group_size)
+        if group_size is not None and group_size != factory().scale.group_size:
+            # Another group size is another format: its own name (fp4_g64), so that one spec
+            # or model can hold both without a clash of names.
+            fmt = replace(fmt, name=f"{name}_g{group_size}")
+    record_declaration(fmt)
+    return fmt

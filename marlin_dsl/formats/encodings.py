@@ -129,8 +129,11 @@ class FloatEncoding(Encoding):
     def __post_init__(self) -> None:
         super().__post_init__()
         _integers(self, "exp_bits", "man_bits", "bias")
+        if self.exp_bits < 1 or self.man_bits < 0:
+            raise FormatError(f"FloatEncoding: exp_bits must be >= 1 and man_bits >= 0, got "
+                              f"exp_bits={self.exp_bits}, man_bits={self.man_bits}", self.location)
         width = self.exp_bits + self.man_bits + (1 if self.signed else 0)
-        if self.exp_bits < 1 or self.man_bits < 0 or width != self.bits:
+        if width != self.bits:
             raise FormatError(
                 f"FloatEncoding: sign({int(self.signed)}) + exp_bits({self.exp_bits}) + "
                 f"man_bits({self.man_bits}) must equal bits({self.bits})",

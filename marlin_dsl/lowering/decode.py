@@ -118,7 +118,10 @@ class UnitDecoder:
         2**(target_bias - bias): exact for normals and subnormals alike."""
         b, ctype = self.b, self.ctype
         t_bias, t_man, width = _FLOAT_LAYOUT[ctype.name]
-        if enc.exp_bits > (5 if ctype == F16 else 8) or enc.man_bits > t_man:
+        top = 5 if ctype == F16 else 8
+        # At the target's own exponent width the all-ones exponent would decode as inf/NaN:
+        # right only where the encoding says so too (specials="ieee").
+        if enc.exp_bits > top or (enc.exp_bits == top and enc.specials != "ieee") or enc.man_bits > t_man:
             raise CompileError(f"format {self.fmt.name!r}: {enc.describe()} does not fit in {ctype}",
                                self.fmt.location)
         bits = float_code_bits(b, code, enc, t_man, width)

@@ -11,6 +11,8 @@ the compute type.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from typing import Iterator, NamedTuple
 
 from ..formats import FloatEncoding, Format, IntEncoding
@@ -38,10 +40,24 @@ def compute_type(fmt: Format, activation: ScalarType) -> ScalarType:
     activations go through f32, then round once to the activation type.
     """
     exact_in_f16 = (isinstance(fmt.element, (FloatEncoding, IntEncoding))
+                    and codes_exact_in_f16(fmt.element)
                     and fmt.scale.dtype in ("f16", "e4m3")
                     and (fmt.zero_point is None or fmt.zero_point.dtype == "u8")
                     and (fmt.bias is None or fmt.bias.dtype == "f16"))
     return F16 if activation == F16 and exact_in_f16 else F32
+
+
+def codes_exact_in_f16(enc) -> bool:
+    """Every value of the encoding is an f16 number, and the f16 decode (code bits placed
+    under f16's exponent, decode.py) never lands on f16's all-ones exponent unless the
+    encoding's own all-ones exponent is inf/NaN too (E5M2 with specials="ieee")."""
+    table = enc.table()
+    finite = table[np.isfinite(table)]
+    with np.errstate(over="ignore"):  # values beyond f16's range become inf: not exact
+        as_f16 = finite.astype(np.float16).astype(np.float64)
+    if not np.array_equal(as_f16, finite):
+        return False
+    return not isinstance(enc, FloatEncoding) or enc.exp_bits < 5 or enc.specials == "ieee"
 
 
 def parameter_table_name(prefix: str, name: str) -> str:
