@@ -89,8 +89,8 @@ def _format_rows(spec, rng: np.random.Generator) -> tuple[list[list[str]], int]:
         failures += not check.ok
         failed = [name for name, ok in check.checks.items() if not ok]
         rows.append([
-            f"{spec.path.name}:{fmt.location.line if fmt.location else '?'}", fmt.name,
-            fmt.describe(), f"{fmt.bits_per_weight(*report_shape(fmt)):.3f}",
+            fmt.name, f"{spec.path.name}:{fmt.location.line if fmt.location else '?'}",
+            f"{fmt.bits_per_weight(*report_shape(fmt)):.3f}",
             f"{len(check.checks) - len(failed)}/{len(check.checks)}",
             f"{check.quant_excess:.1e}", f"{check.matmul_rel_error:.2e}",
             "PASS" if check.ok else "FAIL: " + ", ".join(failed),
@@ -154,6 +154,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {str(args.output)!r} is a file; -o names a folder to write the kernels into")
     failures = bad_specs = 0
     format_rows: list[list[str]] = []
+    described: list = []  # (spec, format): each format's description under the table
     compiled_all = []  # (spec, compiled gemm, rng)
     for spec_file in args.specs:
         try:  # a bad spec is reported and the others still compile
@@ -179,6 +180,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             bad_specs += 1
             continue
         format_rows += rows
+        described += [(spec, fmt) for fmt in spec.formats]
         failures += bad
         compiled_all += compiled_here
 
@@ -252,8 +254,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         ])
     _progress("")
     if format_rows:
-        print(_table(["spec:line", "format", "description", "bits/w", "checks", "q-excess",
-                      "rel.err", "result"], format_rows))
+        print(_table(["format", "spec:line", "bits/w", "checks", "q-excess", "rel.err", "result"],
+                     format_rows))
+        print()
+        for spec, fmt in described:
+            print(f"  {fmt.name}: {fmt.describe()}")
         print(FORMAT_LEGEND)
     if kernel_rows:
         headers = ["gemm", "schedule", "pipeline", "thr", "tgmem", "interp"]
