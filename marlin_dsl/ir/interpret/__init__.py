@@ -1,0 +1,104 @@
+"""A numpy interpreter for the kernel IR, with real threadgroup semantics (see docs/IR.md).
+
+`run_kernel(kernel, buffers, scalars)` executes a `Kernel` for a whole launch grid at small
+sizes and checks the rules of the execution model as it goes. It is the oracle the passes and
+the printers are tested against, so it is strict: anything the spec calls an error raises
+`InterpreterError` naming the op, its result, the threadgroup, the thread and the index.
+
+Execution is vectorised over every thread of every threadgroup at once:
+
+- a per-thread value is a numpy array of shape [G, T] (G threadgroups of the grid, T threads
+  per group), plus a trailing dimension for vectors; a fragment is a per-warp array
+  [G, W, rows, cols];
+- control flow is predicated with an active mask [G, T]: `if`/`switch` run each region under
+  its mask (a region no thread takes is skipped) and merge results with `np.where`; `for`
+  iterates while any thread is active, threads whose index reached `ub` drop out;
+- pure ops compute every lane (inactive lanes hold don't-care values, their floating point
+  warnings are silenced); their checks (division by zero, shift widths, float->int range)
+  look at active lanes only; memory ops touch memory only where the mask and the predicate
+  hold, and a masked-off load gives 0.
+
+Each op is resolved once, before execution, to a closure over register slots (`_Machine`
+compiles the kernel per launch), so the per-op cost is a handful of numpy calls on G*T
+elements.
+
+Arithmetic follows docs/IR.md exactly: integers wrap in their holding dtype; f16 and f32 ops
+are computed by numpy in that type (numpy's f16 ops go through f32, which is exact for
++ - * because 24 >= 2*11+2); bf16 ops are computed in f32 and rounded to bf16 (round to
+nearest even on the bits) after every op. `fma` is rounded once: the product is exact in
+float64, the sum is computed with TwoSum and rounded to odd, which makes the final rounding
+to f32/f16/bf16 correct. `mma` computes a @ b in float64, adds c in float64 and rounds once
+to c's element type (exact for the products, the float64 sum of the k products may round);
+`mma_sp` does the same with the dense A rebuilt from the compressed one and the metadata.
+float `min`/`max` are IEEE minNum/maxNum (`fmin`/`fmax`: a NaN operand loses), like Metal
+and CUDA. float->int casts truncate toward zero; NaN or out of range is an error.
+int->int casts wrap. `i32` div/rem with a negative operand raises: the spec says floor
+division while C truncates, so a kernel relying on either is rejected.
+
+Threadgroup memory is checked for reads of never-written elements and for data races:
+between two threadgroup barriers, an element accessed by two different threads where at least
+one access writes is a race, unless both threads are in one warp and a `simdgroup` barrier of
+that warp lies between the accesses. Bookkeeping is per element (last writer thread and
+the barrier epoch of its warp at the write; the reader thread, or 'several', and its warp,
+or 'several warps', with the epoch of the latest read), updated with vectorised scatters.
+A threadgroup barrier clears the bookkeeping of its group; each barrier bumps the epoch of
+every warp it covers. Collective fragment loads/stores count as accesses by every lane of
+the warp (a pseudo-thread T + warp), so even a fragment store followed by a fragment load of
+the same warp needs a barrier between them. Device memory is not race-checked; ops run in
+lockstep, so device memory is coherent across the launch.
+
+`atomic_add` is serialised in (group, thread) order, the group index running x fastest:
+g = x + gx * (y + gy * z).
+
+The package: `numerics.py` (rounding, casts: the scalar semantics above), `machine.py` (the
+machine: masks, threadgroup memory with its race bookkeeping, async copies, the compiler of
+blocks to closures, and helpers the handlers share), and one module per op group of handlers
+(`alu.py`, `memory.py`, `fragments.py`, `control.py`), joined by `HANDLERS` here.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..core import Kernel, Op
+from ..verify import verify
+from .alu import (_h_bitcast, _h_cast, _h_const, _h_divrem, _h_extract, _h_fma, _h_index,
+                  _h_binary, _h_scalar, _h_select, _h_shift, _h_table, _h_vec)
+from .control import _h_for, _h_if, _h_switch
+from .fragments import _h_frag_build, _h_frag_load, _h_frag_store, _h_frag_zero, _h_mma, _h_mma_sp
+from .machine import Fn, InterpreterError, _Machine, launch_size
+from .memory import (_h_async_commit, _h_async_copy, _h_async_wait, _h_atomic_add, _h_barrier,
+                     _h_fence, _h_frag_elems, _h_load, _h_store)
+from .numerics import _f64_to_f32_odd, round_bf16
+
+__all__ = ["HANDLERS", "InterpreterError", "launch_size", "round_bf16", "run_kernel"]
+
+
+#: op name -> handler: builds the closure that runs the op (the handler modules below).
+HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
+    "const": _h_const, "index": _h_index, "scalar": _h_scalar,
+    **{n: _h_binary for n in ("add", "sub", "mul", "min", "max", "and", "or", "xor",
+                              "lt", "le", "gt", "ge", "eq", "ne")},
+    "div": _h_divrem, "rem": _h_divrem, "shl": _h_shift, "shr": _h_shift,
+    "fma": _h_fma, "select": _h_select, "cast": _h_cast, "bitcast": _h_bitcast,
+    "load": _h_load, "vload": _h_load, "extract": _h_extract, "store": _h_store,
+    "atomic_add": _h_atomic_add, "table": _h_table, "barrier": _h_barrier, "fence": _h_fence,
+    "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_build": _h_frag_build, "vec": _h_vec, "frag_store": _h_frag_store,
+    "frag_elems": _h_frag_elems, "async_copy": _h_async_copy, "async_commit": _h_async_commit,
+    "async_wait": _h_async_wait,
+    "mma": _h_mma, "mma_sp": _h_mma_sp, "for": _h_for, "if": _h_if, "switch": _h_switch,
+}
+
+
+def run_kernel(kernel: Kernel, buffers: dict[str, np.ndarray],
+               scalars: dict[str, int]) -> dict[str, np.ndarray]:
+    """Execute `kernel` over its whole grid; return the writable buffers (copies).
+
+    `buffers` maps every declared buffer to a flat numpy array of its element type (bf16 held
+    as float32). Outputs are returned in the same holding dtypes; poison them beforehand to
+    see which elements the kernel wrote."""
+    verify(kernel)
+    machine = _Machine(kernel, buffers, scalars, HANDLERS)
+    machine.run()
+    return {b.name: machine.device[b.name] for b in kernel.buffers if b.access != "read"}
