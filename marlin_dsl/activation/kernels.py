@@ -24,6 +24,7 @@ from ..ir import Kernel
 from ..lowering.sparse_gemm import b_lane_order, lower_sparse_gemm
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from .layout import ROW_TILE, ActivationLayout
+from .operand import SparseActivation
 from .reference import mvue_key, operand_shape
 from .spec import SparsifyError, SparsifySpec
 
@@ -105,8 +106,6 @@ def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_va
     """Run the sparsify kernel on X [R, C] (`x`, already in the spec's type). `init_value`
     pre-fills every output (checks pass a nonzero pattern to see unwritten words; the column
     counts are corrected for it)."""
-    from .ops import SparseActivation
-
     if target != "cuda":
         raise SparsifyError(f"backend {target!r}: the activation kernels launch on CUDA only "
                             f"(the Metal kernels are checked on the CPU harness; use 'mlx')")

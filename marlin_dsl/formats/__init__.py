@@ -5,7 +5,7 @@ from .format import BufferSpec, Format, Packing
 from .layout import pack_codes, unpack
 from .prune import prune
 from .quantize import quantize
-from .reference import dequantize, reference_matmul
+from .evaluate import dequantize, reference_matmul
 from .scaling import PER_COLUMN, GroupBias, GroupScale, ZeroPoint
 from .storage import STORAGE_TYPES, StorageType
 from .sparsity import BlockPatternSparsity, NMSparsity, pattern_table

@@ -11,6 +11,7 @@ from .prune import MAX_COMPARED_CHUNKS, first_kept_positions, kept_chunk_positio
 from .reference import dequantized_nonzero
 from .sparsity import BlockPatternSparsity, NMSparsity
 from .tensors import PackedWeights, QuantizedWeights, check_array, first_index
+from .validate import validate
 
 
 def pack_codes(weights: QuantizedWeights) -> PackedWeights:
@@ -95,8 +96,6 @@ def _metadata_fields(positions: np.ndarray, sp: NMSparsity) -> np.ndarray:
 
 def unpack(packed: PackedWeights) -> QuantizedWeights:
     """PackedWeights -> QuantizedWeights (validating the arrays first)."""
-    from .validate import validate
-
     validate(packed)
     fmt = packed.format
     k, n = packed.shape
@@ -158,13 +157,7 @@ def block_patterns(fmt: Format, nonzero: np.ndarray) -> np.ndarray:
     """[K, N] non-zero mask -> [K/block_k, ceil(N/block_n)] uint8 OR patterns."""
     sp = fmt.sparsity
     assert isinstance(sp, BlockPatternSparsity)
-    k, n = nonzero.shape
-    nb = -(-n // sp.block_n)
-    padded = np.zeros((k, nb * sp.block_n), dtype=bool)
-    padded[:, :n] = nonzero
-    any_col = padded.reshape(k // sp.block_k, sp.block_k, nb, sp.block_n).any(axis=3)
-    weights = (1 << np.arange(sp.block_k, dtype=np.uint16))[None, :, None]
-    return (any_col * weights).sum(axis=1).astype(np.uint8)
+    return sp.patterns(nonzero)
 
 
 def _check_logical(weights: QuantizedWeights) -> None:

@@ -3,21 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
 from .chunking import block_rows, row_blocks
-from .tensors import PackedWeights, QuantizedWeights, check_float_matrix
+from .tensors import QuantizedWeights
 
 
-def dequantize(weights: QuantizedWeights | PackedWeights) -> np.ndarray:
+def dequantize(weights: QuantizedWeights) -> np.ndarray:
     """The exact float64 value of every weight, [K, N].
 
     value = (table[code] - zero) * scale + bias, with the parameters of group k // G (each
     decoded exactly from its storage type), and 0.0 at positions an N:M format does not store.
+    `marlin_dsl.dequantize` (formats/evaluate.py) also takes PackedWeights: it unpacks first.
     """
-    if isinstance(weights, PackedWeights):
-        from .layout import unpack
-
-        weights = unpack(weights)
     if not blockwise_ok(weights):
         return _dequantize_whole(weights)
     k, n = weights.codes.shape
@@ -109,12 +105,3 @@ def dequantized_nonzero(weights: QuantizedWeights) -> np.ndarray:
         dequantize_rows(weights, r0, r1, values[: r1 - r0])
         np.not_equal(values[: r1 - r0], 0.0, out=nonzero[r0:r1])
     return nonzero
-
-
-def reference_matmul(x: object, weights: QuantizedWeights | PackedWeights) -> np.ndarray:
-    """x [M, K] @ dequantize(weights) [K, N], computed in float64."""
-    xs = check_float_matrix(x, "x").astype(np.float64)
-    w = dequantize(weights)
-    if xs.shape[1] != w.shape[0]:
-        raise ShapeError(f"x: has K={xs.shape[1]} columns but the weight has K={w.shape[0]} rows")
-    return xs @ w

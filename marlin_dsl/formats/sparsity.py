@@ -109,6 +109,16 @@ class BlockPatternSparsity:
                 self.location,
             )
 
+    def patterns(self, nonzero: np.ndarray) -> np.ndarray:
+        """[K, N] non-zero mask -> [K/block_k, ceil(N/block_n)] uint8 OR patterns."""
+        k, n = nonzero.shape
+        nb = -(-n // self.block_n)
+        padded = np.zeros((k, nb * self.block_n), dtype=bool)
+        padded[:, :n] = nonzero
+        any_col = padded.reshape(k // self.block_k, self.block_k, nb, self.block_n).any(axis=3)
+        weights = (1 << np.arange(self.block_k, dtype=np.uint16))[None, :, None]
+        return (any_col * weights).sum(axis=1).astype(np.uint8)
+
     def describe(self) -> str:
         return f"block pattern {self.block_k}x{self.block_n}"
 

@@ -7,7 +7,8 @@ from ..errors import ShapeError, ValueRangeError
 from .bitstream import unpack_bits
 from .sparsity import BlockPatternSparsity, NMSparsity
 from .storage import StorageType
-from .tensors import PackedWeights, check_array, first_index
+from .reference import dequantized_nonzero
+from .tensors import PackedWeights, QuantizedWeights, check_array, first_index
 
 
 def validate(packed: PackedWeights) -> None:
@@ -99,15 +100,12 @@ def describe_stored(storage: StorageType, stored: object) -> str:
 
 
 def _check_patterns(packed: PackedWeights, sp: BlockPatternSparsity) -> None:
-    from .layout import block_patterns
-    from .reference import dequantized_nonzero
-    from .tensors import QuantizedWeights
 
     fmt = packed.format
     codes = unpack_bits(packed["qweight"], fmt.element.bits, fmt.packing.word_bits)
     logical = QuantizedWeights(fmt, codes, packed["scales"], packed.arrays.get("zeros"),
                                biases=packed.arrays.get("biases"))
-    required = block_patterns(fmt, dequantized_nonzero(logical))
+    required = sp.patterns(dequantized_nonzero(logical))
     missing = required & ~packed["patterns"]
     if missing.any():
         kb, nb = first_index(missing != 0)

@@ -1,4 +1,4 @@
 """Lowering of formats and schedules to kernel IR."""
-from .gemm import lower_gemm
+from .pipelines import lower_gemm
 
 __all__ = ["lower_gemm"]

@@ -17,7 +17,7 @@ from ..ir import (
     F32, U32, Block, BufferParam, Builder, FragmentType, GridDim, Kernel, ScalarParam,
     ScalarType, SharedArray, Value, verify,
 )
-from ..schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, StripedKParallel, WeightStream
+from ..schedule import DoubleBuffered, FusedDequant, Gemm, StripedKParallel
 from ..targets import Target
 from .decode import UnitDecoder, UnitInputs, encoding_tables
 from .group_params import GroupParams
@@ -395,17 +395,4 @@ class GemmLowering:
         self.guarded(is_first, lambda: b.store("counters", tile_id, self.c(0)))
 
 
-def lower_gemm(gemm: Gemm, target: Target) -> Kernel:
-    """Lower one Gemm to verified kernel IR for `target`."""
-    if isinstance(gemm.schedule.pipeline, Multistage):
-        from .multistage import MultistageLowering
-
-        return MultistageLowering(gemm, target).lower()
-    if isinstance(gemm.schedule.pipeline, WeightStream):
-        from .stream import StreamLowering
-
-        return StreamLowering(gemm, target).lower()
-    return GemmLowering(gemm, target).lower()
-
-
-__all__ = ["lower_gemm", "GemmLowering", "Block"]
+__all__ = ["GemmLowering", "Block"]

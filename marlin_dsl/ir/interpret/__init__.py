@@ -70,7 +70,7 @@ from .fragments import _h_frag_build, _h_frag_load, _h_frag_store, _h_frag_zero,
 from .machine import Fn, InterpreterError, _Machine, launch_size
 from .memory import (_h_async_commit, _h_async_copy, _h_async_wait, _h_atomic_add, _h_barrier,
                      _h_fence, _h_frag_elems, _h_load, _h_store)
-from .numerics import _f64_to_f32_odd, round_bf16
+from .numerics import round_bf16
 
 __all__ = ["HANDLERS", "InterpreterError", "launch_size", "round_bf16", "run_kernel"]
 
