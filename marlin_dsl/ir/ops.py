@@ -29,6 +29,13 @@ class OpDef:
     terminator: bool = False
     rule: TypeRule | None = None
     doc: str = ""
+    #: Traits the passes read (declared here, once, for every op):
+    #: f(a, b) == f(b, a): fold puts a constant second, cse keys both orders alike.
+    commutative: bool = False
+    #: the hardware pipe the interleave pass's latency model charges: "alu" (integer or float
+    #: by the value's type), "memory" (beyond what reads/writes_memory say: constant tables)
+    #: or "" (classified by the other traits).
+    pipe: str = ""
 
     @property
     def pure(self) -> bool:
@@ -375,6 +382,9 @@ def _yields(op: Op, types: list[Type]) -> str | None:
     return None
 
 
+#: Binary ops whose operands commute (the `commutative` trait below).
+_COMMUTATIVE = frozenset({"add", "mul", "min", "max", "and", "or", "xor", "eq", "ne"})
+
 OPS: dict[str, OpDef] = {}
 
 
@@ -391,12 +401,15 @@ _define(
           doc="thread coordinates: tid, lane, warp, group_x, group_y, group_z"),
     OpDef("scalar", (0, 0), ("name",), results=(1, 1), rule=_u32_result,
           doc="a launch-time scalar (M, N, K)"),
-    *(OpDef(n, _BIN, results=(1, 1), rule=_same) for n in ("add", "sub", "mul", "min", "max")),
-    *(OpDef(n, _BIN, results=(1, 1), rule=_int_same) for n in ("div", "rem", "and", "or", "xor", "shl", "shr")),
-    OpDef("fma", (3, 3), results=(1, 1), rule=_float_same, doc="a * b + c"),
-    *(OpDef(n, _BIN, results=(1, 1), rule=_compare) for n in ("lt", "le", "gt", "ge", "eq", "ne")),
-    OpDef("select", (3, 3), results=(1, 1), rule=_select),
-    OpDef("cast", (1, 1), ("to",), results=(1, 1), rule=_convert, doc="numeric conversion"),
+    *(OpDef(n, _BIN, results=(1, 1), rule=_same, pipe="alu", commutative=n in _COMMUTATIVE)
+      for n in ("add", "sub", "mul", "min", "max")),
+    *(OpDef(n, _BIN, results=(1, 1), rule=_int_same, pipe="alu", commutative=n in _COMMUTATIVE)
+      for n in ("div", "rem", "and", "or", "xor", "shl", "shr")),
+    OpDef("fma", (3, 3), results=(1, 1), rule=_float_same, pipe="alu", doc="a * b + c"),
+    *(OpDef(n, _BIN, results=(1, 1), rule=_compare, pipe="alu", commutative=n in _COMMUTATIVE)
+      for n in ("lt", "le", "gt", "ge", "eq", "ne")),
+    OpDef("select", (3, 3), results=(1, 1), rule=_select, pipe="alu"),
+    OpDef("cast", (1, 1), ("to",), results=(1, 1), rule=_convert, pipe="alu", doc="numeric conversion"),
     OpDef("bitcast", (1, 1), ("to",), results=(1, 1), rule=_convert, doc="reinterpret bits"),
     OpDef("load", (1, 2), ("buffer",), results=(1, 1), reads_memory=True, rule=_memory,
           doc="buffer[index]; with a false predicate no access happens and the result is 0"),
@@ -408,7 +421,7 @@ _define(
           doc="buffer[index] = value, skipped where the predicate is false"),
     OpDef("atomic_add", (2, 2), ("buffer",), results=(1, 1), writes_memory=True,
           reads_memory=True, rule=_memory, doc="returns the old value"),
-    OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, doc="constant table lookup"),
+    OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, pipe="memory", doc="constant table lookup"),
     OpDef("barrier", (0, 0), ("scope",), writes_memory=True, rule=_scoped,
           doc="threadgroup: all threads of the group; simdgroup: the threads of one warp"),
     OpDef("fence", (0, 0), ("scope",), writes_memory=True, rule=_scoped, doc="memory ordering for device memory"),

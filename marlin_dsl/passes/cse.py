@@ -12,7 +12,6 @@ from collections import ChainMap
 
 from ..ir.core import Block, Kernel, Op, Value
 from ..ir.ops import OPS
-from .fold import COMMUTATIVE
 from .manager import Pass, register, resolve
 
 Key = tuple
@@ -31,7 +30,7 @@ def expression_key(op: Op) -> Key | None:
     if d is None or not d.pure or op.regions or not op.results:
         return None
     operands = [id(v) for v in op.operands]
-    if op.name in COMMUTATIVE:
+    if d.commutative:
         operands.sort()
     attrs = tuple(sorted((k, _attr_key(v)) for k, v in op.attrs.items()))
     return (op.name, attrs, tuple(operands), tuple(str(r.type) for r in op.results))

@@ -29,7 +29,6 @@ Scalar = int | float | bool
 
 #: (significand bits including the implicit one, minimum normal exponent, maximum exponent)
 FLOAT_FORMATS = {"f16": (11, -14, 15), "bf16": (8, -126, 127), "f32": (24, -126, 127)}
-COMMUTATIVE = frozenset({"add", "mul", "min", "max", "and", "or", "xor", "eq", "ne"})
 
 
 # ----- scalar semantics ------------------------------------------------------------------------
@@ -272,7 +271,7 @@ def simplify(op: Op, consts: dict[Value, Scalar]) -> Value | Scalar | None:
     ca, cb = cv
     integer = rt.is_int or rt == BOOL
     # put a constant on the right of commutative ops
-    if name in COMMUTATIVE and ca is not None and cb is None:
+    if OPS[name].commutative and ca is not None and cb is None:
         a, b, ca, cb = b, a, cb, ca
     if cb is not None:
         if integer:

@@ -41,9 +41,6 @@ from .manager import Pass, block_paths, register
 LATENCY = {"int": 1, "float": 2, "memory": 8, "mma": 8, "other": 1, "free": 0}
 PIPE_ORDER = ("int", "float", "memory", "mma", "other")
 
-_ALU = frozenset({"add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr",
-                  "fma", "select", "lt", "le", "gt", "ge", "eq", "ne", "cast"})
-_MEMORY = frozenset({"table"})
 
 
 def _is_float(t: object) -> bool:
@@ -59,13 +56,13 @@ def op_class(op: Op) -> str:
         return "free"
     if op.name == "bitcast":
         return "int"
-    if op.name in _ALU:
+    if d is not None and d.pipe == "alu":
         if op.name in ("lt", "le", "gt", "ge", "eq", "ne"):
             t = op.operands[0].type if op.operands else None
         else:
             t = op.results[0].type if op.results else None
         return "float" if _is_float(t) else "int"
-    if op.name in _MEMORY or (d is not None and not op.regions and (d.reads_memory or d.writes_memory)):
+    if d is not None and (d.pipe == "memory" or (not op.regions and (d.reads_memory or d.writes_memory))):
         return "memory"
     if d is not None and d.collective:
         return "mma"
