@@ -29,7 +29,8 @@ if str(ROOT) not in sys.path:
 
 import marlin_dsl as md  # noqa: E402
 from marlin_dsl import CUDA, DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel  # noqa: E402
-from marlin_dsl.backends.cuda import find_nvcc, nvcc_check, print_cuda  # noqa: E402
+from marlin_dsl.backends.cuda import print_cuda  # noqa: E402
+from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
 from marlin_dsl.backends.cuda_launch import gemm_inout_inputs  # noqa: E402
 from marlin_dsl.compiler import compile_gemm  # noqa: E402
 

@@ -30,7 +30,8 @@ import pytest
 import marlin_dsl as md
 from marlin_dsl import CUDA, DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel
 from marlin_dsl.backends import cuda as cuda_backend
-from marlin_dsl.backends.cuda import CudaSource, find_nvcc, nvcc_check, print_cuda
+from marlin_dsl.backends.cuda import CudaSource, print_cuda
+from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
 from marlin_dsl.backends.cuda_launch import build_cuda_kernel, cuda_executor, gemm_inout_inputs
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import CompileError

@@ -10,7 +10,8 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import CUDA, Gemm
-from marlin_dsl.backends.cuda import find_nvcc, nvcc_check, prelude, print_cuda
+from marlin_dsl.backends.cuda import prelude, print_cuda
+from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
 from marlin_dsl.backends.cuda_compact import compact_cuda, trim_prelude
 from marlin_dsl.backends.cuda_launch import gemm_inout_inputs
 from marlin_dsl.backends.cuda_runtime import cuda_gemm, cuda_schedule

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from marlin_dsl.backends import cuda_sparse_layout as sl
-from marlin_dsl.backends.cuda import cuda_type, find_nvcc, nvcc_check, prelude, print_cuda
+from marlin_dsl.backends.cuda import cuda_type, prelude, print_cuda
+from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
 from marlin_dsl.errors import CompileError
 from marlin_dsl.ir import (BF16, BOOL, F16, F32, U32, Builder, BufferParam, FragmentType, GridDim, Kernel,
                            VerifyError, verify)

@@ -26,7 +26,8 @@ from marlin_dsl.activation.layout import ActivationLayout
 from marlin_dsl.activation.reference import nibbles_to_indices, operand_shape, sparsify_reference
 from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
 from marlin_dsl.backends import cuda_sparse_layout as sl
-from marlin_dsl.backends.cuda import find_nvcc, nvcc_check, print_cuda
+from marlin_dsl.backends.cuda import print_cuda
+from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
 from marlin_dsl.backends.metal import print_metal
 from marlin_dsl.harness.metal_cpu import compile_many, find_compiler, run_metal_cpu
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel

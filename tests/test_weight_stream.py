@@ -226,7 +226,8 @@ def test_non_2of4_sparsity_is_refused() -> None:
 # ----- nvcc -------------------------------------------------------------------------------------
 
 def test_stream_kernels_compile_with_nvcc() -> None:
-    from marlin_dsl.backends.cuda import find_nvcc, nvcc_check, print_cuda
+    from marlin_dsl.backends.cuda import print_cuda
+    from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
 
     if find_nvcc() is None:
         pytest.skip("nvcc not found: the CUDA compile check needs the CUDA toolkit")

@@ -42,7 +42,7 @@ class Encoding:
     def __post_init__(self) -> None:
         if self.location is None:
             object.__setattr__(self, "location", caller_location())
-        if not isinstance(self.bits, int) or not 1 <= self.bits <= 8:
+        if not isinstance(self.bits, int) or isinstance(self.bits, bool) or not 1 <= self.bits <= 8:
             raise FormatError(
                 f"{type(self).__name__}: bits must be an integer in 1..8, got {self.bits!r}",
                 self.location,

@@ -149,9 +149,13 @@ def _scale_at_least(scale: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndar
         )
     stored = storage.round_up(np.where(scale > 0, scale, 1.0))
     values = storage.to_float64(stored)
-    # Below the storage type's range the scale rounds up to its smallest value, and the group
-    # quantises to (nearly) all zeros: an error, not a silently useless weight.
-    lost = (scale > 0) & (values > 2.0 * scale)
+    # Below the storage type's range a scale rounds up to its smallest value; a group whose
+    # every weight then rounds to zero is lost. An error where that group matters in the
+    # weight (the whole weight scaled by 1e-9), not for groups that are ~0 anyway.
+    table = fmt.element.table()
+    table = np.abs(table[np.isfinite(table)])
+    finest = float(table[table > 0].min()) / (2.0 * float(table.max()))  # smallest kept / range
+    lost = (scale > 0) & (scale < values * finest) & (scale > 1e-3 * float(scale.max()))
     if lost.any():
         g, col = (int(i) for i in np.argwhere(lost)[0])
         raise ValueRangeError(

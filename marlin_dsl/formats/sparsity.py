@@ -98,12 +98,12 @@ class BlockPatternSparsity:
     def __post_init__(self) -> None:
         if self.location is None:
             object.__setattr__(self, "location", caller_location())
-        if not isinstance(self.block_k, int) or not 1 <= self.block_k <= 8:
+        if not isinstance(self.block_k, int) or isinstance(self.block_k, bool) or not 1 <= self.block_k <= 8:
             raise FormatError(
                 f"BlockPatternSparsity: block_k must be 1..8 (one pattern byte), got {self.block_k!r}",
                 self.location,
             )
-        if not isinstance(self.block_n, int) or self.block_n < 1:
+        if not isinstance(self.block_n, int) or isinstance(self.block_n, bool) or self.block_n < 1:
             raise FormatError(
                 f"BlockPatternSparsity: block_n must be a positive integer, got {self.block_n!r}",
                 self.location,
