@@ -30,3 +30,23 @@ def test_cli_reference_lists_commands_and_exit_codes() -> None:
     for code in (cli.EXIT_OK, cli.EXIT_CHECK_FAILED, cli.EXIT_USAGE, cli.EXIT_INPUT,
                  cli.EXIT_ENVIRONMENT, cli.EXIT_INTERRUPTED):
         assert f"| {code} |" in text, code
+
+
+def test_architecture_names_only_what_exists() -> None:
+    """Every path and registry docs/ARCHITECTURE.md names is in the tree."""
+    root = DOCS.parent
+    text = (DOCS / "ARCHITECTURE.md").read_text()
+    paths = set(re.findall(r"`?((?:marlin_dsl|examples|bench|tests|docs)/[\w./*-]+\.(?:py|md))`?", text))
+    assert len(paths) > 10
+    for path in paths:
+        assert list(root.glob(path)), path
+    short = set(re.findall(r"`((?:formats|lowering|ir|passes|backends|harness|layers|models)/[\w/.-]+)`", text))
+    for path in short:
+        assert (root / "marlin_dsl" / path).exists(), path
+    from marlin_dsl.formats import STORAGE_TYPES  # noqa: F401  (the registries it names exist)
+    from marlin_dsl.formats.builtin import BUILTIN_FORMATS  # noqa: F401
+    from marlin_dsl.ir.interpret import HANDLERS  # noqa: F401
+    from marlin_dsl.ir.ops import OPS  # noqa: F401
+    from marlin_dsl.layers.dispatch import _DISPATCH  # noqa: F401
+    from marlin_dsl.lowering.pipelines import LOWERINGS  # noqa: F401
+    from marlin_dsl.passes.manager import PASSES  # noqa: F401
