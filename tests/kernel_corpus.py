@@ -1,0 +1,103 @@
+"""A fixed corpus of kernels over every pipeline, both targets, the built-in formats and the
+activation kernels: their IR text after the passes and their printed source. The digests of
+this corpus are committed (tests/data/kernel_digests.json); `test_kernel_digests.py` pins them,
+so a restructure that claims "output unchanged" is checked on CUDA as well as on the Metal
+files in generated/. After an intended change: `python tests/kernel_corpus.py --update`
+(and say why in the commit)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+DIGESTS = Path(__file__).parent / "data" / "kernel_digests.json"
+
+
+def corpus() -> Iterator[tuple[str, str]]:
+    """(name, text) for every kernel of the corpus; text = IR text + printed source."""
+    from marlin_dsl.activation.spec import SparsifySpec
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.formats.builtin import BUILTIN_FORMATS, builtin_format
+    from marlin_dsl.ir.text import print_kernel
+    from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
+    from marlin_dsl.lowering.sparsify import lower_sparsify
+    from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager
+    from marlin_dsl.schedule import (
+        DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel, default_schedule, stream_schedule,
+    )
+    from marlin_dsl.source import suspended_declarations
+    from marlin_dsl.targets import TARGETS
+
+    with suspended_declarations():
+        for fname in sorted(BUILTIN_FORMATS):
+            fmt = builtin_format(fname)
+            for act in ("f16", "bf16"):
+                if act == "bf16" and fname not in ("fp4", "uint4_zp", "fp4_2of4"):
+                    continue
+                seeds = [Schedule("db", tile_k=max(32, fmt.k_granule), pipeline=DoubleBuffered()),
+                         default_schedule(fmt),
+                         Schedule("striped", tile_k=max(32, fmt.k_granule),
+                                  pipeline=StripedKParallel(parallel=2, groups=8))]
+                for tname in ("metal", "cuda"):
+                    for s in seeds:
+                        yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS[tname],
+                                         Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
+                if fname == "fp4_blockpattern":
+                    continue
+                for m, k, n in ((1, 4096, 4096), (16, 4096, 14336), (16, 14336, 4096), (32, 4096, 4096),
+                                (64, 4096, 14336), (256, 4096, 4096), (2048, 4096, 4096)):
+                    s = stream_schedule(fmt, m, TARGETS["cuda"], k, n)
+                    yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
+                                     Gemm(f"{fname}_{s.name}_m{m}_k{k}_n{n}_{act}", fmt, s, act))
+        for tname in ("cuda", "metal"):
+            for method in ("top2", "mvue", "soft_threshold"):
+                for axis in (0, 1):
+                    for relu2, stats in ((False, False), (True, True)):
+                        spec = SparsifySpec(method, axis, "f16", relu2, stats)
+                        kernel = lower_sparsify(spec, tname)
+                        PassManager(list(DEFAULT_PIPELINE)).run(kernel)
+                        yield (f"sparsify_{tname}_{method}_{axis}_{relu2}_{stats}",
+                               print_kernel(kernel) + emit_source(TARGETS[tname], kernel))
+        for dtype in ("f16", "bf16"):
+            kernel = lower_sparse_gemm(dtype, "cuda")
+            PassManager(list(DEFAULT_PIPELINE)).run(kernel)
+            yield f"sparse_gemm_cuda_{dtype}", print_kernel(kernel) + emit_source(TARGETS["cuda"], kernel)
+
+
+def emit_source(target, kernel) -> str:
+    """The printed text of `kernel` for `target` (header and body as the launcher ships them)."""
+    try:
+        from marlin_dsl.targets import emit  # the one emit function (issue 14)
+    except ImportError:
+        from marlin_dsl.backends.cuda import print_cuda
+        from marlin_dsl.backends.metal import print_metal
+        src = (print_cuda if target.name == "cuda" else print_metal)(kernel)
+    else:
+        src = emit(kernel, target)
+    return src.full_source()
+
+
+def _gemm_text(compile_gemm, print_kernel, emit_source, target, gemm) -> tuple[str, str]:
+    compiled = compile_gemm(gemm, target)
+    return f"{gemm.name}@{target.name}", print_kernel(compiled.kernel) + emit_source(target, compiled.kernel)
+
+
+def digests() -> dict[str, str]:
+    return {name: hashlib.sha256(text.encode()).hexdigest()[:24] for name, text in corpus()}
+
+
+if __name__ == "__main__":
+    if "--dump" in sys.argv:  # write every text to a folder, for diffing two trees
+        out = Path(sys.argv[sys.argv.index("--dump") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in corpus():
+            (out / f"{name}.txt").write_text(text)
+    else:
+        found = digests()
+        if "--update" in sys.argv:
+            DIGESTS.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+            print(f"wrote {len(found)} digests to {DIGESTS}")
+        else:
+            print(json.dumps(found, indent=1, sort_keys=True))
