@@ -1,56 +1,27 @@
-"""Textual form of the kernel IR: a canonical printer and a parser for `grammar/ir.lark`.
-
-    kernel @gemm {
-      attrs {schedule=db64, tile_m=64}
-      threads 128
-      warp_size 32
-      grid [ceil(N, 64), ceil(M, 64) * 2, 1]
-      scalar @M
-      buffer @x : f16 read
-      body {
-        %tid0 = index[kind=tid]() : u32
-        %ld0 = load[buffer=@x](%tid0) : f16
-        ...
-      }
-    }
-
-Printing is canonical so that kernels can be diffed and stored as golden files: header lines
-in a fixed order (attrs, threads, warp_size, grid, scalars, buffers, shared, tables, body),
-attributes in sorted key order, two-space indentation, floats as `repr(float)` (which reads
-back exactly, `inf`/`nan` included), strings bare when they read back as an identifier and
-quoted (JSON) otherwise, tuples as `[..]`, and `@name` for the `buffer`/`name` attributes.
-print -> parse -> print is the identity and parse(print(k)) is structurally equal to k
-(`kernels_equal`).
-
-Parsing resolves `%name` uses to `Value`s with the IR's scoping rule (a use sees definitions
-earlier in its block or an enclosing block, and the arguments of its regions) and runs the
-verifier; errors are `IRParseError`s (`VerifyError`s for well-formed but invalid IR) that
-carry the source and line.
-"""
+"""The parser of the textual IR (`grammar/ir.lark`): text -> verified kernels, with errors that
+name the source and line (see `marlin_dsl.ir.text`)."""
 from __future__ import annotations
 
-import difflib
-import re
 from collections import ChainMap
 from dataclasses import dataclass, field
 from functools import lru_cache
-from numbers import Integral, Real
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Mapping
 
-import numpy as np
 from lark import Lark, Token, v_args
 from lark.exceptions import UnexpectedInput, VisitError
 from lark.load_grammar import FromPackageLoader
 
-from ..lark_errors import describe_syntax_error
-from ..errors import MarlinDSLError, SourceLocation
-from ..formats.text import Attr, AttrTransformer, quote
-from ..grammar import read_grammar
-from .core import (
+from ...lark_errors import describe_syntax_error
+from ...errors import MarlinDSLError, SourceLocation
+from ...formats.text import Attr, AttrTransformer
+from ...grammar import read_grammar
+from ..core import (
     AttrValue, Block, BufferParam, ConstTable, GridDim, Kernel, Op, ScalarParam, SharedArray, Value,
 )
-from .types import FragmentType, ScalarType, Type, VectorType
-from .verify import VerifyError, verify
+from ..types import FragmentType, ScalarType, Type, VectorType
+from ..verify import VerifyError, verify
+
+from .printer import _ACCESS  # the names the grammar accepts
 
 
 class IRParseError(MarlinDSLError):
@@ -58,126 +29,7 @@ class IRParseError(MarlinDSLError):
     value, a duplicate definition or item; the location names the source and line."""
 
 
-# ----- printing -------------------------------------------------------------------------------
 
-#: The grammar's NAME and the names it accepts after `%` (Python's \w, as lark uses `re`).
-_NAME = re.compile(r"[^\W\d]\w*")
-_VALUE_NAME = re.compile(r"[\w.]+")
-#: Identifier-like words that read back as something else, so a string spelling one is quoted.
-_RESERVED = frozenset({"true", "false", "inf", "nan"})
-#: Op attributes naming a kernel symbol (buffer, shared array, table, scalar), printed `@name`.
-_SYMBOL_ATTRS = frozenset({"buffer", "name"})
-_ACCESS = ("read", "write", "readwrite")
-
-
-def _is_bare(text: str) -> bool:
-    return _NAME.fullmatch(text) is not None and text not in _RESERVED
-
-
-def _checked_name(kind: str, name: str, pattern: re.Pattern[str] = _NAME) -> str:
-    if not isinstance(name, str) or pattern.fullmatch(name) is None:
-        raise ValueError(f"{kind} name {name!r} has no textual form")
-    return name
-
-
-def attr_value_text(value: Any) -> str:
-    """Canonical text of an attribute value (int, float, bool, str, tuple of these)."""
-    if isinstance(value, (bool, np.bool_)):  # before Integral: bool is an int
-        return "true" if value else "false"
-    if isinstance(value, Integral):
-        return str(int(value))
-    if isinstance(value, Real):
-        return repr(float(value))  # also 'inf', '-inf', 'nan', which the grammar reads
-    if isinstance(value, str):
-        return str(value) if _is_bare(value) else quote(str(value))
-    if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(attr_value_text(v) for v in value) + "]"
-    raise TypeError(f"no textual form for attribute value {value!r} ({type(value).__name__})")
-
-
-def _op_attr_text(key: str, value: AttrValue) -> str:
-    if key in _SYMBOL_ATTRS and isinstance(value, str) and _NAME.fullmatch(value):
-        return f"{key}=@{value}"
-    return f"{_checked_name('attribute', key)}={attr_value_text(value)}"
-
-
-def _attrs_text(attrs: Mapping[str, AttrValue], open_: str, close: str, op: bool) -> str:
-    items = sorted(attrs.items())
-    if op:
-        return open_ + ", ".join(_op_attr_text(k, v) for k, v in items) + close
-    return open_ + ", ".join(f"{_checked_name('attribute', k)}={attr_value_text(v)}"
-                             for k, v in items) + close
-
-
-def _value(v: Value) -> str:
-    return "%" + _checked_name("value", v.name, _VALUE_NAME)
-
-
-def _symbol(name: str) -> str:
-    return "@" + _checked_name("symbol", name)
-
-
-def _grid_dim_text(dim: GridDim) -> str:
-    # Same spelling as GridDim.__str__, with the symbol checked so that it reads back.
-    if dim.symbol is None:
-        return str(dim.count)
-    base = f"ceil({_checked_name('grid symbol', dim.symbol)}, {dim.tile})"
-    return base if dim.count == 1 else f"{base} * {dim.count}"
-
-
-def _print_ops(ops: Iterable[Op], depth: int, lines: list[str]) -> None:
-    pad = "  " * depth
-    for op in ops:
-        head = ", ".join(_value(r) for r in op.results) + " = " if op.results else ""
-        head += _checked_name("op", op.name)
-        if op.attrs:
-            head += _attrs_text(op.attrs, "[", "]", op=True)
-        head += "(" + ", ".join(_value(v) for v in op.operands) + ")"
-        if op.results:
-            head += " : " + ", ".join(str(r.type) for r in op.results)
-        if not op.regions:
-            lines.append(pad + head)
-            continue
-        lines.append(pad + head + " {")
-        for i, region in enumerate(op.regions):
-            if i:
-                lines.append(pad + "} {")
-            if region.args:
-                lines.append(pad + "^(" + ", ".join(f"{_value(a)}: {a.type}" for a in region.args) + "):")
-            _print_ops(region.ops, depth + 1, lines)
-        lines.append(pad + "}")
-
-
-def print_kernel(kernel: Kernel) -> str:
-    """The canonical text of one kernel, ending in a newline."""
-    if kernel.body.args:
-        raise ValueError(f"kernel {kernel.name}: the body block cannot have arguments")
-    lines = [f"kernel {_symbol(kernel.name)} {{"]
-    if kernel.attrs:
-        lines.append("  attrs " + _attrs_text(kernel.attrs, "{", "}", op=False))
-    lines.append(f"  threads {int(kernel.threads)}")
-    lines.append(f"  warp_size {int(kernel.warp_size)}")
-    lines.append("  grid [" + ", ".join(_grid_dim_text(d) for d in kernel.grid) + "]")
-    lines += [f"  scalar {_symbol(s.name)}" for s in kernel.scalars]
-    lines += [f"  buffer {_symbol(b.name)} : {b.elem} {b.access}" for b in kernel.buffers]
-    lines += [f"  shared {_symbol(s.name)} : {s.elem}[{int(s.size)}]" for s in kernel.shared]
-    lines += [f"  table {_symbol(t.name)} : {t.elem}[{len(t.values)}] = {attr_value_text(tuple(t.values))}"
-              for t in kernel.tables]
-    lines.append("  body {")
-    _print_ops(kernel.body.ops, 2, lines)
-    lines.append("  }")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def print_kernels(kernels: Iterable[Kernel]) -> str:
-    """Several kernels, separated by blank lines (what `parse_kernels` reads)."""
-    return "\n".join(print_kernel(k) for k in kernels)
-
-
-# ----- parse tree -> syntax objects -----------------------------------------------------------
-# The transformer works bottom-up, so it cannot know which values are in scope; it builds
-# these plain records and `_KernelBuilder` resolves them top-down.
 
 class _Results(list):
     """Result %names (Tokens) of an op."""
@@ -538,121 +390,3 @@ def parse_kernel(text: str, source: str = "<ir>", check: bool = True) -> Kernel:
 
 
 # ----- structural equality --------------------------------------------------------------------
-
-def _norm(value: Any) -> Any:
-    """A comparable key of an attribute value that keeps its kind (1 != 1.0 != true) and
-    tells floats apart by repr (so -0.0 != 0.0 and nan == nan). numpy scalars count as the
-    Python number they hold and lists as tuples, since both print the same."""
-    if isinstance(value, (bool, np.bool_)):
-        return ("bool", bool(value))
-    if isinstance(value, Integral):
-        return ("int", int(value))
-    if isinstance(value, Real):
-        return ("float", repr(float(value)))
-    if isinstance(value, str):
-        return ("str", str(value))
-    if isinstance(value, (tuple, list)):
-        return ("tuple", tuple(_norm(v) for v in value))
-    return ("other", repr(value))
-
-
-def _norm_attrs(attrs: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    return sorted((k, _norm(v)) for k, v in attrs.items())
-
-
-def _grid_key(dim: GridDim) -> tuple:
-    # A constant dimension's tile is meaningless (and not printed).
-    return (None, dim.count) if dim.symbol is None else (dim.symbol, dim.tile, dim.count)
-
-
-def _header(k: Kernel) -> Iterator[tuple[str, Any]]:
-    yield "name", k.name
-    yield "threads", k.threads
-    yield "warp_size", k.warp_size
-    yield "grid", [_grid_key(d) for d in k.grid]
-    yield "scalars", list(k.scalars)
-    yield "buffers", list(k.buffers)
-    yield "shared", list(k.shared)
-    yield "tables", [(t.name, t.elem, _norm(tuple(t.values))) for t in k.tables]
-    yield "attrs", _norm_attrs(k.attrs)
-    yield "body args", [(v.name, v.type) for v in k.body.args]
-
-
-class _Differ:
-    """Walks two kernels in step; values correspond when defined at the same place."""
-
-    def __init__(self) -> None:
-        self.pairs: dict[int, Value] = {}
-
-    def define(self, a: Value, b: Value, where: str) -> str | None:
-        if (a.name, a.type) != (b.name, b.type):
-            return f"{where}: %{a.name}: {a.type} != %{b.name}: {b.type}"
-        self.pairs[id(a)] = b
-        return None
-
-    def use(self, a: Value, b: Value, where: str) -> str | None:
-        if id(a) in self.pairs:
-            return None if self.pairs[id(a)] is b else f"{where}: operand %{a.name} refers to another value"
-        # A value defined nowhere in the kernel (invalid IR): compare by name and type.
-        return self.define(a, b, where)
-
-    def block(self, a: Block, b: Block, where: str) -> str | None:
-        if len(a.args) != len(b.args):
-            return f"{where}: {len(a.args)} != {len(b.args)} region arguments"
-        for x, y in zip(a.args, b.args):
-            if diff := self.define(x, y, f"{where} args"):
-                return diff
-        if len(a.ops) != len(b.ops):
-            return f"{where}: {len(a.ops)} != {len(b.ops)} ops"
-        for i, (x, y) in enumerate(zip(a.ops, b.ops)):
-            if diff := self.op(x, y, f"{where}/op {i} ({x.name})"):
-                return diff
-        return None
-
-    def op(self, a: Op, b: Op, where: str) -> str | None:
-        if a.name != b.name:
-            return f"{where}: op name {a.name} != {b.name}"
-        if _norm_attrs(a.attrs) != _norm_attrs(b.attrs):
-            return f"{where}: attrs {a.attrs} != {b.attrs}"
-        if len(a.operands) != len(b.operands) or len(a.results) != len(b.results) \
-                or len(a.regions) != len(b.regions):
-            return f"{where}: operand, result or region counts differ"
-        for x, y in zip(a.operands, b.operands):
-            if diff := self.use(x, y, where):
-                return diff
-        for i, (x, y) in enumerate(zip(a.regions, b.regions)):
-            if diff := self.block(x, y, f"{where}/region {i}"):
-                return diff
-        for x, y in zip(a.results, b.results):
-            if diff := self.define(x, y, where):
-                return diff
-        return None
-
-
-def kernel_difference(a: Kernel, b: Kernel) -> str | None:
-    """The first structural difference between two kernels, or None when they are equal:
-    names, types, attributes (by kind and value), declarations and the wiring of operands."""
-    for (what, x), (_, y) in zip(_header(a), _header(b)):
-        if x != y:
-            return f"kernel {a.name}: {what} differ: {x} != {y}"
-    return _Differ().block(a.body, b.body, f"kernel {a.name}: body")
-
-
-def kernels_equal(a: Kernel, b: Kernel) -> bool:
-    return kernel_difference(a, b) is None
-
-
-def assert_round_trip(kernel: Kernel) -> Kernel:
-    """Print, parse (verifying) and print again: the parsed kernel must equal `kernel` and the
-    two texts must be identical. Returns the parsed kernel."""
-    text = print_kernel(kernel)
-    parsed = parse_kernel(text, f"<print of {kernel.name}>")
-    diff = kernel_difference(kernel, parsed)
-    if diff is not None:
-        raise AssertionError(f"parse(print(kernel)) differs: {diff}")
-    again = print_kernel(parsed)
-    if again != text:
-        delta = "".join(difflib.unified_diff(text.splitlines(True), again.splitlines(True),
-                                             "print", "print(parse(print))"))
-        raise AssertionError(f"print -> parse -> print is not the identity:\n{delta}")
-    return parsed
