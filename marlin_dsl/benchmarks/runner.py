@@ -57,7 +57,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from .errors import EnvironmentUnavailable, MarlinDSLError, ScheduleError
+from ..errors import EnvironmentUnavailable, MarlinDSLError, ScheduleError
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 14336), (14336, 4096))
 DEFAULT_MS: tuple[int, ...] = (1, 16, 64, 256, 2048)
@@ -301,7 +301,7 @@ def run_bench(formats: Sequence[str] | None = None, pipelines: Sequence[str] | N
     """Time every kernel at every shape; write bench.json (and bench.png with matplotlib) to
     `out_dir`; return the JSON document. `runner` defaults to `MLXRunner` (GPU only: it raises
     MarlinDSLError without MLX's CUDA or Metal backend)."""
-    from .formats.builtin import BUILTIN_FORMATS
+    from ..formats.builtin import BUILTIN_FORMATS
 
     formats = list(BUILTIN_FORMATS) if formats is None else list(formats)
     pipelines = list(DEFAULT_PIPELINES) if pipelines is None else list(pipelines)
@@ -671,7 +671,7 @@ def _host_copy(mx, a):
 def _schedule(fmt, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
     from math import lcm
 
-    from .schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel, stream_schedule
+    from ..schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel, stream_schedule
 
     if pipeline == "weight_stream":  # its schedule depends on M (stream_schedule's buckets)
         return stream_schedule(fmt, m, None, k, n)
@@ -839,9 +839,9 @@ class MLXRunner:
     def _packed_weights(self, fmt_name: str, k: int, n: int) -> dict:
         key = (fmt_name, k, n)
         if key not in self._packed:
-            from . import api
-            from .formats import dequantize
-            from .formats.builtin import builtin_format
+            from .. import api
+            from ..formats import dequantize
+            from ..formats.builtin import builtin_format
 
             self._packed = {kk: v for kk, v in self._packed.items() if kk[0] == fmt_name}  # one format at a time
             t = time.perf_counter()
@@ -853,7 +853,7 @@ class MLXRunner:
         return self._packed[key]
 
     def _gemm(self, fmt_name: str, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
-        from .formats.builtin import builtin_format
+        from ..formats.builtin import builtin_format
 
         schedule = _schedule(builtin_format(fmt_name), pipeline, m, k, n)
         key = (fmt_name, pipeline, schedule.name)
@@ -863,16 +863,16 @@ class MLXRunner:
             except ImportError as exc:
                 raise MarlinDSLError(f"compiling the kernels needs networkx ({exc}): install marlin_dsl's "
                                      "dependencies on this machine (bench/README.md)") from None
-            from .compiler import compile_gemm
-            from .formats.builtin import builtin_format
-            from .schedule import Gemm
-            from .targets import CUDA, METAL
+            from ..compiler import compile_gemm
+            from ..formats.builtin import builtin_format
+            from ..schedule import Gemm
+            from ..targets import CUDA, METAL
 
             t = time.perf_counter()
             fmt = builtin_format(fmt_name)
             gemm = Gemm(f"bench_{fmt_name}_{pipeline}_f16", fmt, schedule, activation="f16")
             if self.backend == "cuda":
-                from .backends.cuda_launch import build_cuda_kernel
+                from ..backends.cuda_launch import build_cuda_kernel
 
                 self._gemms[key] = build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
             else:
@@ -912,7 +912,7 @@ def _cuda_launch(mx, gemm, copies, x, m: int, n: int, k: int) -> Callable[[int],
     """launch(i): one launch of a CudaGemm on weight copy i, everything but the launch itself
     prepared here (dims, zeroed counters: one per launch slot of a batch; the kernel leaves
     them zero and every batch is evaluated before the next is queued)."""
-    from .backends.cuda_launch import _mx_dtype
+    from ..backends.cuda_launch import _mx_dtype
 
     s = gemm.source
     scalars = {"M": m, "N": n, "K": k}
@@ -944,7 +944,7 @@ def _metal_launcher(compiled):
     import importlib.util
     import tempfile
 
-    from .emit import write_metal_kernel
+    from ..emit import write_metal_kernel
 
     folder = Path(tempfile.mkdtemp(prefix="marlin_bench_"))
     files = write_metal_kernel(compiled, None, folder)
