@@ -18,6 +18,9 @@ A RUN line is a pipeline of stages joined by `|`, applied to the kernels parsed 
 
 `--check-prefix=NAME` (anywhere on the RUN line) matches that RUN line's output against NAME:
 directives instead of CHECK: ones, so one file can check a kernel before and after a pass.
+`--split-input-file` (as in MLIR) runs the pipeline on each chunk of the file between
+`// -----` lines separately (line numbers stay those of the file) and joins the outputs with
+`// -----`: one file can hold many small error cases, each failing on its own.
 """
 from __future__ import annotations
 
@@ -39,23 +42,38 @@ IR_DIR = Path(__file__).resolve().parent / "ir"
 CASES = sorted(IR_DIR.glob("*.ir"))
 _RUN = re.compile(r"^\s*//\s*RUN:(.*)$")
 _PREFIX = re.compile(r"\s--check-prefix=([A-Z][A-Z0-9_]*)\b")
+_SPLIT_FLAG = " --split-input-file"
+_SPLIT = re.compile(r"^// -----\s*$", re.M)
 
 
 class RunLineError(AssertionError):
     """A RUN line that does not say something this runner can do."""
 
 
-def run_lines(text: str) -> list[tuple[str, str]]:
-    """(pipeline, check prefix) of each RUN line."""
+def run_lines(text: str) -> list[tuple[str, str, bool]]:
+    """(pipeline, check prefix, split the input) of each RUN line."""
     out = []
     for line in text.splitlines():
         m = _RUN.match(line)
         if m is None:
             continue
-        command = " " + m.group(1)
+        command = " " + m.group(1) + " "
         prefix = _PREFIX.search(command)
-        out.append((_PREFIX.sub(" ", command).strip(), prefix.group(1) if prefix else "CHECK"))
+        split = _SPLIT_FLAG + " " in command
+        command = _PREFIX.sub(" ", command).replace(_SPLIT_FLAG + " ", " ")
+        out.append((command.strip(), prefix.group(1) if prefix else "CHECK", split))
     return out
+
+
+def split_input(text: str) -> list[str]:
+    """The chunks between `// -----` lines, each padded with blank lines to its place in the
+    file so that parse and verify errors name the file's line numbers."""
+    chunks, start = [], 0
+    for m in [*_SPLIT.finditer(text), None]:
+        end = m.start() if m else len(text)
+        chunks.append("\n" * text.count("\n", 0, start) + text[start:end])
+        start = m.end() if m else end
+    return chunks
 
 
 def _buffer(kernel: Kernel, name: str, init: str) -> np.ndarray:
@@ -139,8 +157,9 @@ def test_ir_file(path: Path) -> None:
     text = path.read_text()
     runs = run_lines(text)
     assert runs, f"{path.name} has no RUN: line"
-    for pipeline, prefix in runs:
-        output = run_pipeline(text, pipeline, path.name)
+    for pipeline, prefix, split in runs:
+        chunks = split_input(text) if split else [text]
+        output = "\n// -----\n".join(run_pipeline(chunk, pipeline, path.name) for chunk in chunks)
         try:
             filecheck(output, text, prefix)
         except AssertionError as exc:
@@ -151,7 +170,7 @@ def test_there_are_ir_tests_for_every_pass() -> None:
     """Each registered pass has at least one .ir file that runs it."""
     used = set()
     for path in CASES:
-        for pipeline, _ in run_lines(path.read_text()):
+        for pipeline, _, _ in run_lines(path.read_text()):
             for m in re.finditer(r"passes\s+(\S+)", pipeline):
                 used |= set(m.group(1).split(","))
     assert set(PASSES) <= used, f"passes without an IR test: {sorted(set(PASSES) - used)}"
