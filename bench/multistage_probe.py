@@ -2,7 +2,7 @@
 
 For each format and schedule: first a correctness pass on odd shapes (M = 1, 3, 65, 300; N and
 K tails, group-32 variants for K not a multiple of the step) against the float64 reference,
-then kernel time (`gpu_bench.kernel_time`: back-to-back launches, weights rotated through
+then kernel time (`benchmarks.kernel_time`: back-to-back launches, weights rotated through
 copies past L2) at each (K, N) and M, with MLX's 4-bit `quantized_matmul` (group 64) and fp16
 `mx.matmul` timed the same way.
 
@@ -44,7 +44,7 @@ def main() -> int:
     from marlin_dsl import builtin_format, pack, reference_matmul
     from marlin_dsl.backends.cuda_launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.gpu_bench import kernel_time
+    from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import Gemm, Multistage, Schedule, stream_schedule
     from marlin_dsl.targets import CUDA
 

@@ -8,7 +8,7 @@ gpu__time_duration, DRAM bytes read, DRAM throughput (% of peak), achieved occup
 activity and registers per thread: the profile the note's explanations come from.
 
 Subjects: MLX's `quantized_matmul` (4-bit affine, group 64), fp16 `mx.matmul`, and our
-weight-stream kernels (formats x schedules from `marlin_dsl.gpu_bench.STREAM_SCHEDULES` or
+weight-stream kernels (formats x schedules from `marlin_dsl.benchmarks.STREAM_SCHEDULES` or
 --schedules). Each subject's launch is bracketed by a marker kernel (CuPy) so the ncu rows are
 attributed without relying on kernel names.
 

@@ -9,7 +9,7 @@ elsewhere:
 
 One panel per (K, N): kernel time per launch (log) against M (log), a line per format (its
 best pipeline at that shape), mx.quantized_matmul and float16 mx.matmul, and each line's
-bandwidth floor dashed in the same colour (`marlin_dsl.gpu_bench.plot_bench`).
+bandwidth floor dashed in the same colour (`marlin_dsl.benchmarks.plot_bench`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from marlin_dsl.gpu_bench import plot_bench  # noqa: E402
+from marlin_dsl.benchmarks import plot_bench  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Probe: how much do tile shapes alone move our CUDA kernels at small M? (GPU only.)
 
 Times fp4 and fp4_2of4 GEMMs at (K, N) = (4096, 14336), M in (1, 16), for a few schedules,
-with `gpu_bench.kernel_time` (back-to-back launches, weights rotated past L2), after checking
+with `benchmarks.kernel_time` (back-to-back launches, weights rotated past L2), after checking
 each output against the float64 reference. Writes a table and schedule_probe.json to --out.
 
     PYTHONPATH=/tmp/site:$PWD python3 bench/schedule_probe.py --out $OUT
@@ -40,7 +40,7 @@ def main() -> int:
     from marlin_dsl import builtin_format, pack, reference_matmul
     from marlin_dsl.backends.cuda_launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.gpu_bench import kernel_time
+    from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel
     from marlin_dsl.targets import CUDA
 

@@ -1,7 +1,7 @@
 """Probe: weight-stream schedules on the GPU, checked and timed, next to MLX's 4-bit qmm.
 
 For each format, (K, N), M and schedule: y is checked against the float64 reference
-(relative Frobenius error), then kernel time is measured with `gpu_bench.kernel_time`
+(relative Frobenius error), then kernel time is measured with `benchmarks.kernel_time`
 (back-to-back launches, weights rotated through copies past L2). MLX's 4-bit
 `quantized_matmul` (group 64) is timed the same way on the same shapes.
 
@@ -57,7 +57,7 @@ def main() -> int:
     from marlin_dsl import builtin_format, pack, reference_matmul
     from marlin_dsl.backends.cuda_launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.gpu_bench import kernel_time
+    from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import Gemm, Schedule, WeightStream
     from marlin_dsl.targets import CUDA
 

@@ -309,7 +309,7 @@ def _positive(text: str) -> int:
 def bench_settings(args: argparse.Namespace) -> dict:
     """run_bench's keyword arguments from `marlin-dsl bench` arguments (--quick fills in what
     is not given explicitly)."""
-    from . import gpu_bench as gb
+    from . import benchmarks as gb
 
     quick = bool(args.quick)
     return {
@@ -323,7 +323,7 @@ def bench_settings(args: argparse.Namespace) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import gpu_bench as gb
+    from . import benchmarks as gb
 
     settings = bench_settings(args)
     gb.gpu_backend()  # says what this machine lacks before anything is written

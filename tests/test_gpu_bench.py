@@ -1,4 +1,4 @@
-"""`marlin-dsl bench` (marlin_dsl.gpu_bench).
+"""`marlin-dsl bench` (marlin_dsl.benchmarks).
 
 CPU only: the table, bench.json and the floor arithmetic on fake timings (a fake runner in place
 of MLX on the GPU), the timing loops on a fake clock, the clear error without a GPU, and the
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from marlin_dsl import BUILTIN_FORMATS, MarlinDSLError
-from marlin_dsl import gpu_bench as gb
+from marlin_dsl import benchmarks as gb
 from marlin_dsl.cli import bench_settings, build_parser, main, parse_shape
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,11 +1,14 @@
-"""The import graph of the package has no cycles (issue 14): data flows one way, spec ->
-lowering -> IR -> passes -> printer -> launcher, and inside a stage modules import downwards.
+"""The import graph of the package has no cycles and no upward imports between stages (issue
+14): data flows one way, spec -> lowering -> IR -> passes -> printer -> launcher, and inside a
+stage modules import downwards. The stages are data (STAGES, STAGE_RULES by module pattern,
+ALLOWED_UPWARD with a reason per edge), so a move changes a table, not the test.
 Function-local imports count too (they hide cycles, they do not remove them). Imports of a
 package's face (its __init__, a re-export hub) are not edges: the edge is to the module that
 defines the name, which the face imports."""
 from __future__ import annotations
 
 import ast
+import fnmatch
 from pathlib import Path
 
 import networkx as nx
@@ -48,3 +51,211 @@ def test_the_graph_is_read() -> None:
 def test_no_import_cycles() -> None:
     cycles = list(nx.simple_cycles(_graph()))
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c + [c[0]]) for c in cycles[:10])
+
+
+# ----- layering: no module imports from a later stage -------------------------------------------
+
+#: The stages, lowest first. Data flows one way (docs/ARCHITECTURE.md): spec -> lowering -> IR
+#: -> passes -> printer -> launcher, and the layers users call sit on top. Target descriptions
+#: sit below the IR: the verifier and the interpreter read their lane tables and legal ops.
+STAGES: list[str] = [
+    "base",       # errors, source locations, the build cache, grammars and codegen resources
+    "formats",    # the format DSL and everything derived from a format on the host (packing)
+    "targets",    # target descriptions: MMA shapes, lane tables, sparse metadata layout, limits
+    "ir",         # types, ops, verifier, builder, text, graph; the interpreter (the IR's oracle)
+    "schedule",   # what the lowering is asked for: schedules and pipelines, spec files
+    "lowering",   # spec -> IR
+    "passes",     # IR -> IR
+    "printers",   # IR -> Metal / CUDA source
+    "launchers",  # running a printed kernel: host buffers, MLX launches, nvcc, the Metal CPU harness
+    "compiler",   # the driver: lowering + passes (+ printers, per target)
+    "emit",       # what `compile -o` writes; checks of compiled kernels
+    "runtime",    # kernels compiled on first use and cached for the layers
+    "layers",     # the MLX API (MarlinLinear, dispatch), activation sparsity, whole models
+    "tools",      # the command line, the benchmark runner, the package face
+]
+
+#: (module pattern, stage): the first pattern that matches a module's dotted name decides its
+#: stage (fnmatch: `*` also crosses dots). Written for both the layout before issue 14 (loose
+#: top-level modules, backends/) and the one it moves to (targets/<name>/ with description,
+#: printer and launcher; pipelines as parts under lowering/), so the coordinator can adjust the
+#: data after merging instead of the test.
+STAGE_RULES: list[tuple[str, str]] = [
+    ("marlin_dsl.errors", "base"),
+    ("marlin_dsl.source", "base"),
+    ("marlin_dsl.lark_errors", "base"),
+    ("marlin_dsl.cache", "base"),
+    ("marlin_dsl._source_layout", "base"),
+    ("marlin_dsl.grammar*", "base"),
+    ("marlin_dsl.codegen*", "base"),
+    ("marlin_dsl.__version__", "base"),  # `from .. import __version__`: data, not the package face
+    ("marlin_dsl.formats*", "formats"),
+    ("marlin_dsl.api", "formats"),  # pack(fmt, weights): quantize -> prune -> pack_codes
+    ("marlin_dsl.verify", "formats"),  # a format's self-checks on random data
+    # targets/ after h1's move: printers, launchers and runtimes by module name; the rest
+    # (the package face, the Target protocol, each target's description and tables) describes
+    ("marlin_dsl.targets.*print*", "printers"),
+    ("marlin_dsl.targets.*emit*", "printers"),
+    ("marlin_dsl.targets.*launch*", "launchers"),
+    ("marlin_dsl.targets.*nvcc*", "launchers"),
+    ("marlin_dsl.targets.*harness*", "launchers"),
+    ("marlin_dsl.targets.*metal_cpu*", "launchers"),
+    ("marlin_dsl.targets.*runtime*", "runtime"),
+    ("marlin_dsl.targets*", "targets"),
+    ("marlin_dsl.ir*", "ir"),
+    ("marlin_dsl.schedule*", "schedule"),
+    ("marlin_dsl.spec", "schedule"),
+    ("marlin_dsl.lowering*", "lowering"),
+    ("marlin_dsl.passes*", "passes"),
+    # backends/ before h1's move
+    ("marlin_dsl.backends.cuda_sparse_layout", "targets"),  # the hardware-checked mma.sp lane model
+    ("marlin_dsl.backends.*launch*", "launchers"),
+    ("marlin_dsl.backends.cuda_nvcc", "launchers"),
+    ("marlin_dsl.backends.*runtime*", "runtime"),
+    ("marlin_dsl.backends*", "printers"),
+    ("marlin_dsl.harness*", "launchers"),
+    ("marlin_dsl.runtime", "launchers"),  # the host side of a kernel, shared by every executor
+    ("marlin_dsl.compiler", "compiler"),
+    ("marlin_dsl.emit", "emit"),
+    ("marlin_dsl.kernel_check", "emit"),
+    ("marlin_dsl.layers*", "layers"),
+    ("marlin_dsl.nn", "layers"),
+    ("marlin_dsl.mlx_ops", "layers"),
+    ("marlin_dsl.mlx_pack", "layers"),
+    ("marlin_dsl.activation*", "layers"),
+    ("marlin_dsl.models*", "layers"),
+    ("marlin_dsl.cli", "tools"),
+    ("marlin_dsl.benchmarks*", "tools"),
+    ("marlin_dsl.__main__", "tools"),
+    ("marlin_dsl", "tools"),  # the package face re-exports every stage
+]
+
+#: Names imported from a package face that are data of a lower stage (an edge to
+#: `package.name`, classified by STAGE_RULES, instead of to the face).
+FACE_DATA = {"marlin_dsl": {"__version__"}}
+
+#: (importer, imported, why): the upward edges that are allowed, each with its reason. Keep it
+#: short; an entry that no longer matches an edge fails the test, so the list cannot go stale.
+ALLOWED_UPWARD: list[tuple[str, str, str]] = [
+    ("marlin_dsl.lowering.sparsify", "marlin_dsl.activation.spec",
+     "the sparsify lowering is asked for an activation SparsifySpec, a description that lives with "
+     "the layer code in activation/ (issue 14: move it down beside the schedules)"),
+    ("marlin_dsl.lowering.sparsify", "marlin_dsl.activation.layout",
+     "the sparsify lowering writes the target layouts of activation/layout.py, which hard-codes "
+     "cuda_mma_sp (issue 14: a target-description table)"),
+    ("marlin_dsl.lowering.stream_layout_mx", "marlin_dsl.mlx_ops",
+     "a device-side packer of the weight-stream layout through MLX (used only by layers/weights.py) "
+     "that sits in lowering/; it belongs beside mlx_pack.py"),
+    ("marlin_dsl.schedule", "marlin_dsl.lowering.stream_layout",
+     "stream_schedule and WeightStream's check size tiles from the weight-stream layout (function-"
+     "local imports); the layout is a target/format description that lives in lowering/"),
+]
+
+
+def stage_of(module: str) -> str:
+    """The stage of a dotted module name under STAGE_RULES (KeyError: no rule matches)."""
+    for pattern, stage in STAGE_RULES:
+        if fnmatch.fnmatchcase(module, pattern):
+            return stage
+    raise KeyError(module)
+
+
+def _all_edges() -> list[tuple[str, str, int]]:
+    """(importer, imported, line) for every import of a marlin_dsl module, relative or
+    absolute, at module level or inside a function; the imported end is the most specific
+    module or package the statement names (a package's face counts: it is what is imported)."""
+    files = {p: _module_name(p) for p in ROOT.rglob("*.py")}
+    # grammar/ and codegen/ are installed as marlin_dsl.grammar and marlin_dsl.codegen
+    modules = set(files.values()) | {"marlin_dsl.grammar", "marlin_dsl.codegen"}
+    edges = []
+    for path, name in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    target = f"{base}.{node.module}" if node.module else base
+                else:
+                    target = node.module or ""
+                targets = [f"{target}.{alias.name}"
+                           if f"{target}.{alias.name}" in modules or alias.name in FACE_DATA.get(target, ())
+                           else target for alias in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                while target and target not in modules and not _face_data(target):  # `import a.b.c`
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.append((name, target, node.lineno))
+    return sorted(set(edges))
+
+
+def _face_data(name: str) -> bool:
+    package, _, attr = name.rpartition(".")
+    return attr in FACE_DATA.get(package, ())
+
+
+def _upward_edges() -> list[tuple[str, str, int]]:
+    rank = {stage: i for i, stage in enumerate(STAGES)}
+    return [(a, b, line) for a, b, line in _all_edges() if rank[stage_of(b)] > rank[stage_of(a)]]
+
+
+def test_every_module_has_a_stage() -> None:
+    unclassified = []
+    for path in ROOT.rglob("*.py"):
+        try:
+            stage = stage_of(_module_name(path))
+        except KeyError:
+            unclassified.append(_module_name(path))
+            continue
+        assert stage in STAGES, (path, stage)
+    assert not unclassified, f"modules no STAGE_RULES pattern matches: {sorted(unclassified)}"
+
+
+def test_no_upward_imports() -> None:
+    allowed = {(a, b) for a, b, _ in ALLOWED_UPWARD}
+    bad = [(a, b, line) for a, b, line in _upward_edges() if (a, b) not in allowed]
+    assert not bad, "imports from a later stage (importer:line [stage] -> imported [stage]):\n" + "\n".join(
+        f"  {a}:{line} [{stage_of(a)}] -> {b} [{stage_of(b)}]" for a, b, line in bad)
+
+
+def test_every_allowed_upward_import_exists() -> None:
+    upward = {(a, b) for a, b, _ in _upward_edges()}
+    stale = [(a, b) for a, b, _ in ALLOWED_UPWARD if (a, b) not in upward]
+    assert not stale, f"ALLOWED_UPWARD entries that are no longer upward imports: {stale}"
+    assert all(reason.strip() for _, _, reason in ALLOWED_UPWARD)
+
+
+def test_the_stage_rules_read_both_layouts() -> None:
+    """Today's modules and the ones issue 14 moves them to land in the same stages."""
+    expected = {
+        "marlin_dsl.targets": "targets",
+        "marlin_dsl.targets.cuda": "targets",
+        "marlin_dsl.targets.cuda.description": "targets",
+        "marlin_dsl.targets.metal.tables": "targets",
+        "marlin_dsl.targets.cuda.sparse_layout": "targets",
+        "marlin_dsl.targets.cuda.printer": "printers",
+        "marlin_dsl.targets.metal.printer": "printers",
+        "marlin_dsl.targets.c_printer": "printers",
+        "marlin_dsl.targets.cuda.launch": "launchers",
+        "marlin_dsl.targets.cuda.runtime": "runtime",
+        "marlin_dsl.backends.cuda_sparse_layout": "targets",
+        "marlin_dsl.targets.cuda.nvcc": "launchers",
+        "marlin_dsl.targets.metal.launcher": "launchers",
+        "marlin_dsl.targets.metal.harness": "launchers",
+        "marlin_dsl.backends.cuda": "printers",
+        "marlin_dsl.backends.cuda_launch": "launchers",
+        "marlin_dsl.backends.metal_runtime": "runtime",
+        "marlin_dsl.harness.metal_cpu": "launchers",
+        "marlin_dsl.lowering.parts.mma_loop": "lowering",
+        "marlin_dsl.schedule": "schedule",
+        "marlin_dsl.__version__": "base",
+        "marlin_dsl.ir.interpret.machine": "ir",
+        "marlin_dsl.benchmarks.runner": "tools",
+    }
+    assert {m: stage_of(m) for m in expected} == expected
+    rank = {stage: i for i, stage in enumerate(STAGES)}
+    assert rank[stage_of("marlin_dsl.passes.fold")] > rank[stage_of("marlin_dsl.ir.ops")]  # ir -> passes is upward
+    assert _all_edges(), "no edges read"
+    assert ("marlin_dsl.cli", "marlin_dsl.benchmarks", ) in {(a, b) for a, b, _ in _all_edges()}

@@ -1,0 +1,302 @@
+"""Subjects on MLX's GPU device for `marlin-dsl bench`: our kernels, compiled and launched
+through MLX (CUDA: `build_cuda_kernel`; Metal: the generated launcher), and MLX's own baselines
+(`mx.quantized_matmul`, float16 `mx.matmul`). MLX and the compiler are imported only when a
+runner is made or a kernel compiled: without them the bench says what is missing."""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import api
+from ..backends.cuda_launch import _mx_dtype, build_cuda_kernel
+from ..errors import MarlinDSLError
+from ..formats import dequantize
+from ..formats.builtin import builtin_format
+from ..schedule import Gemm
+from ..targets import CUDA, METAL
+from .cases import DEFAULT_REPEATS, FP16, FP16_FORMAT, QMM, QMM_FORMAT, Measurement, Subject, bench_schedule
+from .device import device_info, gpu_backend, machine
+from .timing import BATCH_LAUNCHES, copies_for, e2e_time, kernel_time
+
+#: The copy-bandwidth measurement: a chain of negations of a 1 GiB float32 array.
+COPY_BYTES = 1 << 30
+COPY_CHAIN = 8
+COPY_SAMPLES = 5
+
+
+def _rel_error(mx, y, ref) -> float:
+    d = y.astype(mx.float32).reshape(ref.shape) - ref
+    num = mx.sqrt(mx.sum(d * d))
+    den = mx.sqrt(mx.sum(ref * ref))
+    return float((num / mx.maximum(den, 1e-30)).item())
+
+
+def _host_copy(mx, a):
+    """A new device array with a's contents (through host memory, so never an alias)."""
+    return mx.array(np.array(a))
+
+
+class _Subject:
+    def __init__(self, runner: "MLXRunner", kind: str, fmt: str, pipeline: str, k: int, n: int,
+                 weight_bytes: int, copies: int, make_launch, make_call, reference) -> None:
+        self.runner, self.kind, self.format, self.pipeline = runner, kind, fmt, pipeline
+        self.k, self.n, self.weight_bytes, self.copies = k, n, weight_bytes, copies
+        self._make_launch, self._make_call, self._reference = make_launch, make_call, reference
+
+    def measure(self, m: int) -> Measurement:
+        mx, r = self.runner.mx, self.runner
+        x = r.activations(m, self.k)
+        launch = self._make_launch(x, m)
+        timed = kernel_time(mx, launch, r.repeats)
+        et, esamples, y = e2e_time(mx, self._make_call(x, m), r.repeats, timed.estimate_s)
+        prepared, _, _ = e2e_time(mx, launch, 2, timed.estimate_s, budget_s=0.05)
+        ref = self._reference(x)
+        rel = _rel_error(mx, y, ref)
+        del y, ref, launch
+        return Measurement(timed.per_launch_s, et, timed.launches, self.copies, rel, timed.samples_s,
+                           esamples, timed.queue_s, timed.first_s, prepared)
+
+
+class MLXRunner:
+    """Subjects on MLX's GPU device: our kernels (CUDA: `build_cuda_kernel`; Metal: the
+    generated launcher) and MLX's baselines. Weight copies are uploaded per (K, N) and freed by
+    `end_shape`."""
+
+    def __init__(self, repeats: int = DEFAULT_REPEATS, log: Callable[..., None] | None = None,
+                 seed: int = 0, serialize: bool = True) -> None:
+        # Both are read once, at MLX's first evaluation on the GPU: set them before it.
+        if serialize:
+            os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "1")
+        os.environ.setdefault("MLX_ENABLE_TF32", "0")  # the float32 references stay float32
+        try:
+            import mlx.core as mx
+        except ImportError:
+            mx = None
+        self.backend = gpu_backend(mx)
+        self.mx = mx
+        mx.set_default_device(mx.gpu)
+        self.repeats = repeats
+        self.log = log or (lambda *a: None)
+        self.seed = seed
+        self._weights: dict[tuple[int, int], np.ndarray] = {}
+        self._x: dict[tuple[int, int], object] = {}
+        self._gemms: dict[tuple[str, str], object] = {}
+        self._packed: dict[tuple[str, int, int], dict] = {}
+        self.compile_s: dict[str, float] = {}
+
+    # ----- environment ------------------------------------------------------------------------
+
+    def environment(self) -> dict:
+        mx = self.mx
+        info = device_info(mx)
+        return {
+            "device_name": str(info.get("device_name", mx.default_device())),
+            "device": str(mx.default_device()), "backend": self.backend, "device_info": info,
+            "mlx": mx.__version__, "numpy": np.__version__, "python": platform.python_version(),
+            "host": platform.node(), "platform": machine(),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "MLX_MAX_OPS_PER_BUFFER": os.environ.get("MLX_MAX_OPS_PER_BUFFER"),
+            "MLX_ENABLE_TF32": os.environ.get("MLX_ENABLE_TF32"),
+            "launch_floor_us": round(self.launch_floor() * 1e6, 2),
+        }
+
+    def launch_floor(self) -> float:
+        mx = self.mx
+        one = mx.array(np.ones(1, np.float32))
+        return kernel_time(mx, lambda i: -one, max(self.repeats, 5)).per_launch_s
+
+    def copy_bandwidth(self) -> dict:
+        mx = self.mx
+        a = mx.array(np.ones(COPY_BYTES // 4, np.float32))
+        mx.eval(a)
+
+        def chain():
+            b = a
+            for _ in range(COPY_CHAIN):
+                b = -b
+            return b
+
+        mx.eval(chain())  # warm-up: allocation, first touch
+        mx.synchronize()
+        samples = []
+        for _ in range(COPY_SAMPLES):
+            b = chain()
+            mx.synchronize()
+            t = time.perf_counter()
+            mx.eval(b)
+            mx.synchronize()
+            samples.append(time.perf_counter() - t)
+            del b
+        moved = 2 * COPY_BYTES * COPY_CHAIN
+        med = statistics.median(samples)
+        del a
+        return {"bytes_per_s": moved / med, "array_bytes": COPY_BYTES, "chain": COPY_CHAIN,
+                "bytes_per_sample": moved, "samples_s": [round(s, 6) for s in samples],
+                "method": "b = -b repeated `chain` times on a 1 GiB float32 array, one eval; "
+                          "(bytes read + written) / median time"}
+
+    # ----- inputs -----------------------------------------------------------------------------
+
+    def weight(self, k: int, n: int) -> np.ndarray:
+        """The random weight of this shape, float32 [K, N], standard normal * 0.02."""
+        if (k, n) not in self._weights:
+            rng = np.random.default_rng([self.seed, k, n])
+            self._weights[(k, n)] = (rng.standard_normal((k, n), dtype=np.float32) * 0.02)
+        return self._weights[(k, n)]
+
+    def activations(self, m: int, k: int):
+        mx = self.mx
+        if (m, k) not in self._x:
+            rng = np.random.default_rng([self.seed, 1, m, k])
+            self._x[(m, k)] = mx.array(rng.standard_normal((m, k), dtype=np.float32).astype(np.float16))
+            mx.eval(self._x[(m, k)])
+        return self._x[(m, k)]
+
+    def end_shape(self) -> None:
+        self._weights.clear()
+        self._x.clear()
+        self._packed.clear()
+        try:
+            self.mx.clear_cache()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ----- MLX's kernels ----------------------------------------------------------------------
+
+    def baselines(self, k: int, n: int) -> list[Subject]:
+        mx = self.mx
+        w = self.weight(k, n)
+        w16 = mx.array(w.astype(np.float16))
+        wt = mx.array(np.ascontiguousarray(w.T).astype(np.float16))  # [N, K] as QuantizedLinear holds it
+        wq, scales, biases = mx.quantize(wt, group_size=64, bits=4)
+        mx.eval(wq, scales, biases, w16)
+        q_bytes = int(wq.nbytes + scales.nbytes + biases.nbytes)
+        q_copies = [tuple(_host_copy(mx, a) for a in (wq, scales, biases)) for _ in range(copies_for(q_bytes))]
+        f_copies = [_host_copy(mx, w16) for _ in range(copies_for(w16.nbytes))]
+        mx.eval(*[a for c in q_copies for a in c], *f_copies)
+        deq = mx.dequantize(wq, scales, biases, group_size=64, bits=4)  # [N, K]
+
+        def q_launch(x, m):
+            return lambda i: mx.quantized_matmul(x, *q_copies[i % len(q_copies)], transpose=True,
+                                                 group_size=64, bits=4)
+
+        def f_launch(x, m):
+            return lambda i: mx.matmul(x, f_copies[i % len(f_copies)])
+
+        qmm = _Subject(self, "mlx_q4", QMM_FORMAT, QMM, k, n, q_bytes, len(q_copies), q_launch, q_launch,
+                       lambda x: mx.matmul(x.astype(mx.float32), deq.astype(mx.float32).T))
+        fp16 = _Subject(self, "fp16", FP16_FORMAT, FP16, k, n, int(w16.nbytes), len(f_copies), f_launch,
+                        f_launch, lambda x: mx.matmul(x.astype(mx.float32), w16.astype(mx.float32)))
+        return [fp16, qmm]
+
+    # ----- ours -------------------------------------------------------------------------------
+
+    def _packed_weights(self, fmt_name: str, k: int, n: int) -> dict:
+        key = (fmt_name, k, n)
+        if key not in self._packed:
+            self._packed = {kk: v for kk, v in self._packed.items() if kk[0] == fmt_name}  # one format at a time
+            t = time.perf_counter()
+            packed = api.pack(builtin_format(fmt_name), self.weight(k, n))
+            dense = self.mx.array(dequantize(packed).astype(np.float32))
+            self._packed[key] = {"packed": packed, "dense": dense, "copies": {}}
+            self.log(f"  [{fmt_name} K={k} N={n}: packed in {time.perf_counter() - t:.1f} s, "
+                     f"{packed.nbytes / 2**20:.1f} MiB]")
+        return self._packed[key]
+
+    def _gemm(self, fmt_name: str, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
+        schedule = bench_schedule(builtin_format(fmt_name), pipeline, m, k, n)
+        key = (fmt_name, pipeline, schedule.name)
+        if key not in self._gemms:
+            try:
+                import networkx  # noqa: F401
+            except ImportError as exc:
+                raise MarlinDSLError(f"compiling the kernels needs networkx ({exc}): install marlin_dsl's "
+                                     "dependencies on this machine (bench/README.md)") from None
+            from ..compiler import compile_gemm  # networkx: imported once it is known to be there
+
+            t = time.perf_counter()
+            fmt = builtin_format(fmt_name)
+            gemm = Gemm(f"bench_{fmt_name}_{pipeline}_f16", fmt, schedule, activation="f16")
+            if self.backend == "cuda":
+                self._gemms[key] = build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
+            else:
+                self._gemms[key] = _metal_launcher(compile_gemm(gemm, METAL))
+            self.compile_s[f"{fmt_name}/{pipeline}/{schedule.name}"] = round(time.perf_counter() - t, 2)
+        return self._gemms[key]
+
+    def marlin(self, fmt_name: str, pipeline: str, k: int, n: int) -> Subject:
+        mx = self.mx
+        gemm = self._gemm(fmt_name, pipeline, 1, k, n)
+        entry = self._packed_weights(fmt_name, k, n)
+        packed, dense = entry["packed"], entry["dense"]
+        count = copies_for(packed.nbytes)
+        reference = lambda x: mx.matmul(x.astype(mx.float32), dense)  # noqa: E731
+        if self.backend == "cuda":
+            layout = f"cuda/{gemm.source.attrs.get('weight_layout')}"  # the target's physical layout
+            if layout not in entry["copies"]:
+                entry["copies"][layout] = [gemm.weights(packed) for _ in range(count)]
+                mx.eval(*[a for c in entry["copies"][layout] for a in c.arrays.values()])
+            copies = entry["copies"][layout]
+            for_m = lambda m: self._gemm(fmt_name, pipeline, m, k, n)  # noqa: E731  (M picks the schedule)
+            return _Subject(self, "marlin", fmt_name, pipeline, k, n, packed.nbytes, count,
+                            lambda x, m: _cuda_launch(mx, for_m(m), copies, x, m, n, k),
+                            lambda x, m: (lambda i, g=for_m(m): g(copies[i % len(copies)], x, poison=False)),
+                            reference)
+        if "metal" not in entry["copies"]:
+            names = [nm for nm in gemm.INPUT_NAMES if nm not in ("x", "dims")]
+            entry["copies"]["metal"] = [[mx.array(np.ascontiguousarray(packed.arrays[nm])) for nm in names]
+                                        for _ in range(count)]
+            mx.eval(*[a for c in entry["copies"]["metal"] for a in c])
+        copies = entry["copies"]["metal"]
+        launch = lambda x, m: (lambda i: gemm.launch(x, *copies[i % len(copies)]))  # noqa: E731
+        return _Subject(self, "marlin", fmt_name, pipeline, k, n, packed.nbytes, count, launch, launch, reference)
+
+
+def _cuda_launch(mx, gemm, copies, x, m: int, n: int, k: int) -> Callable[[int], object]:
+    """launch(i): one launch of a CudaGemm on weight copy i, everything but the launch itself
+    prepared here (dims, zeroed counters: one per launch slot of a batch; the kernel leaves
+    them zero and every batch is evaluated before the next is queued)."""
+    s = gemm.source
+    scalars = {"M": m, "N": n, "K": k}
+    sizes = gemm.sizes(m, n, k)
+    dims = mx.array(s.dims(scalars))
+    grid, threadgroup = s.launch_dims(scalars)
+    pool = [{nm: mx.zeros((sizes[nm],), dtype=_mx_dtype(s.elems[nm])) for nm in s.inout_inputs}
+            for _ in range(BATCH_LAUNCHES)]
+    mx.eval(dims, *[a for st in pool for a in st.values()])
+    shapes = [(sizes[nm],) for nm in s.output_names]
+    dtypes = [_mx_dtype(s.elems[nm]) for nm in s.output_names]
+    y_at = s.output_names.index("y")
+    kernel = gemm.kernel
+
+    def launch(i: int):
+        w, state = copies[i % len(copies)], pool[i % len(pool)]
+        inputs = [x if nm == "x" else dims if nm == "dims" else state[nm] if nm in state else w.arrays[nm]
+                  for nm in s.input_names]
+        outs = kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
+                      threadgroup=threadgroup, init_value=None)
+        return outs[y_at].reshape(m, n)
+
+    return launch
+
+
+def _metal_launcher(compiled):
+    """The generated MLX launcher module of a kernel compiled for Metal (written to a temporary
+    folder). Untested here: no Apple GPU on the machines this was written on."""
+    from ..emit import write_metal_kernel  # networkx, through the compiler
+
+    folder = Path(tempfile.mkdtemp(prefix="marlin_bench_"))
+    files = write_metal_kernel(compiled, None, folder)
+    spec = importlib.util.spec_from_file_location(f"marlin_bench_{compiled.gemm.name}", files["launcher"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
