@@ -219,7 +219,7 @@ def _f32_bits(value) -> str:
 def _half_bits(value: float, t: ScalarType) -> int:
     if t == F16:
         return int(np.array([value], np.float16).view(np.uint16)[0])
-    from ..ir.interpret.numerics import _f64_to_f32_odd, round_bf16
+    from ..ir.numerics import _f64_to_f32_odd, round_bf16
     f = round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))
     return int(f.view(np.uint32)[0]) >> 16
 

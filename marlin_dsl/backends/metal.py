@@ -125,7 +125,7 @@ def _round_float(value: float, t: ScalarType) -> float:
     if t == F16:
         return float(np.float16(value))
     if t == BF16:
-        from ..ir.interpret.numerics import _f64_to_f32_odd, round_bf16
+        from ..ir.numerics import _f64_to_f32_odd, round_bf16
         return float(round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))[0])
     raise TypeError(t)
 

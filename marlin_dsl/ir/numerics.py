@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..types import BF16, BOOL, F16, F32, ScalarType, Type
+from .types import BF16, BOOL, F16, F32, ScalarType, Type
 
 
 # ----- numeric helpers ----------------------------------------------------------------------
