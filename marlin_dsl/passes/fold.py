@@ -82,10 +82,14 @@ def _python(x: object, t: ScalarType) -> Scalar | None:
 
 
 def constant_tables(kernel: Kernel | None) -> dict[str, np.ndarray]:
-    """The kernel's tables whose every entry is a canonical constant, as holding arrays."""
+    """The kernel's tables as holding arrays, for folding `table` lookups. An entry that is not
+    a canonical constant is not folded: a float one becomes NaN (a result that is not folded),
+    an integer table with one is left out (so no lookup in it is folded)."""
     out: dict[str, np.ndarray] = {}
     for t in kernel.tables if kernel is not None else ():
         values = [canonical(v, t.elem) for v in t.values]
+        if t.elem.is_float:
+            values = [math.nan if v is None else v for v in values]
         if all(v is not None for v in values):
             out[t.name] = np.array(values, dtype=t.elem.holding_dtype).reshape(-1)
     return out
