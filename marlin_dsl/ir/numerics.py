@@ -1,3 +1,6 @@
+"""The IR's rounding rules in numpy (docs/IR.md): bf16 rounding, float64 rounded to odd, one
+rounding to a float type, casts and bit casts. The op table's scalar semantics (semantics.py),
+hence the interpreter and the folder, and the printers' float literals use them."""
 from __future__ import annotations
 
 import numpy as np
