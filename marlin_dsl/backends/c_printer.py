@@ -1,35 +1,74 @@
 """What the Metal and CUDA printers share: C-family spelling of SSA values as locals and of
 the IR's structured control flow (`for` with carried values, `if`/`switch` with results).
 
-A subclass supplies `target` (for messages), `type_name(type)`, `index_type` (the spelling of
-a u32 loop index), `temp_decl` (how a temporary of a parallel assignment is declared) and
-`op(op, depth)` for every other op; it sets `self.k`, `self.lines`, `self.taken` and
-`self.names` before printing.
+Printing an op is a lookup in the class's `EMITTERS` table, {op name: emitter(self, op, depth)}:
+this base table holds the entries every C-family target shares (structured control flow, the
+thread coordinates and launch scalars), a target's table adds its own and may override shared
+ones. The keys of a target's table are its legal ops: `ir.verify.verify_legal` refuses a kernel
+with any other op before printing starts, so a printer never finds an unknown op half-way.
+
+A subclass supplies `target` and `target_title` (for messages), `type_name(type)`,
+`declare(depth, value, expr)`, `index_exprs` (the spelling of each `index` kind), `dims_name`,
+`index_type` (the spelling of a u32 loop index), `temp_decl` (how a temporary of a parallel
+assignment is declared) and its `EMITTERS`; it sets `self.k`, `self.lines`, `self.taken`,
+`self.names` and `self.scalar_index` before printing.
 """
 from __future__ import annotations
 
 import re
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
 from ..errors import CompileError
 from ..ir.core import Block, Kernel, Op, Value
 from ..ir.types import Type
 
 
+#: How one op is printed: emitter(printer, op, depth) appends the op's lines.
+Emitter = Callable[[Any, Op, int], None]
+
+
 class CPrinter:
     target = ""
+    target_title = ""  # the target's name in prose ("Metal", "CUDA")
     index_type = "uint32_t"
     temp_decl = "auto"
+    index_exprs: ClassVar[dict[str, str]] = {}
+    dims_name = ""  # the launch-scalar array the kernel reads M, N, K from
+    #: op name -> emitter; the keys are the target's legal ops (filled in below the class)
+    EMITTERS: ClassVar[dict[str, Emitter]]
     k: Kernel
     lines: list[str]
     taken: set[str]
     names: dict[int, str]
+    scalar_index: dict[str, int]
 
     def type_name(self, t: Type) -> str:
         raise NotImplementedError
 
-    def op(self, op: Op, depth: int) -> None:
+    def declare(self, depth: int, v: Value, expr: str) -> None:
         raise NotImplementedError
+
+    def op(self, op: Op, depth: int) -> None:
+        emitter = self.EMITTERS.get(op.name)
+        if emitter is None:  # verify_legal refuses such kernels before printing
+            raise CompileError(f"{self.target}: kernel {self.k.name}: no {self.target_title} for op {op.name}")
+        emitter(self, op, depth)
+
+    def refs(self, op: Op) -> list[str]:
+        """The printed names of `op`'s operands."""
+        return [self.ref(v) for v in op.operands]
+
+    # ----- the shared emitters -------------------------------------------------------------
+
+    def op_index(self, op: Op, depth: int) -> None:
+        self.declare(depth, op.result, self.index_exprs[str(op.attrs["kind"])])
+
+    def op_scalar(self, op: Op, depth: int) -> None:
+        self.declare(depth, op.result, f"{self.dims_name}[{self.scalar_index[str(op.attrs['name'])]}]")
+
+    def op_yield(self, op: Op, depth: int) -> None:
+        # `block` hands every yield to its region's on_yield; one reaching here is misplaced
+        raise CompileError(f"{self.target}: kernel {self.k.name}: yield outside a region")
 
     # ----- names ---------------------------------------------------------------------------
 
@@ -144,3 +183,13 @@ class CPrinter:
         self.emit(depth + 2, "break;")
         self.emit(depth + 1, "}")
         self.emit(depth, "}")
+
+
+CPrinter.EMITTERS = {
+    "index": CPrinter.op_index,
+    "scalar": CPrinter.op_scalar,
+    "for": CPrinter.for_,
+    "if": CPrinter.if_,
+    "switch": CPrinter.switch,
+    "yield": CPrinter.op_yield,
+}

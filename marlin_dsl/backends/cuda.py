@@ -90,6 +90,7 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.core import GridDim, Kernel, Op, Value
 from ..ir.types import BF16, BOOL, F16, F32, I32, U32, FragmentType, ScalarType, Type, VectorType
+from ..ir.verify import verify_legal
 from .c_printer import CPrinter
 from ..targets import CUDA
 
@@ -218,7 +219,7 @@ def _f32_bits(value) -> str:
 def _half_bits(value: float, t: ScalarType) -> int:
     if t == F16:
         return int(np.array([value], np.float16).view(np.uint16)[0])
-    from ..ir.interpret.numerics import _f64_to_f32_odd, round_bf16
+    from ..ir.numerics import _f64_to_f32_odd, round_bf16
     f = round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))
     return int(f.view(np.uint32)[0]) >> 16
 
@@ -400,8 +401,11 @@ class CudaSource:
 
 class _Printer(CPrinter):
     target = "cuda"
+    target_title = "CUDA"
     index_type = "uint32_t"
     temp_decl = "const auto"
+    index_exprs = _INDEX
+    dims_name = DIMS_NAME
 
     def __init__(self, kernel: Kernel, inout_inputs: Iterable[str]) -> None:
         self.k = kernel
@@ -531,73 +535,80 @@ class _Printer(CPrinter):
             return {"f32": f"__uint_as_float({bits})", "i32": f"(int32_t){bits}"}.get(dst.name, bits)
         return f"(({_SCALAR[dst.name]}){x})"  # u8, bool: the same bits
 
-    # ----- ops -------------------------------------------------------------------------------
+    # ----- ops: one emitter per op, gathered in EMITTERS below -------------------------------
 
-    def op(self, op: Op, depth: int) -> None:
-        n, a = op.name, op.attrs
-        if n == "for":
-            self.for_(op, depth)
-            return
-        if n == "if":
-            self.if_(op, depth)
-            return
-        if n == "switch":
-            self.switch(op, depth)
-            return
-        ops = [self.ref(v) for v in op.operands]
-        if n == "const":
-            t = op.result.type
-            if not isinstance(t, ScalarType):
-                raise CompileError(f"cuda: const of type {t}")
-            self.declare(depth, op.result, _literal(a["value"], t), _comment_value(a["value"], t))
-        elif n == "index":
-            self.declare(depth, op.result, _INDEX[str(a["kind"])])
-        elif n == "scalar":
-            self.declare(depth, op.result, f"{DIMS_NAME}[{self.scalar_index[str(a['name'])]}]")
-        elif n in _CMP:
-            t = op.operands[0].type
-            self.declare(depth, op.result, self.compare(n, self._scalar(t, op), ops[0], ops[1]))
-        elif n in _PAIR_OP and self._is_pair(op.result.type):
+    def op_const(self, op: Op, depth: int) -> None:
+        t, value = op.result.type, op.attrs["value"]
+        if not isinstance(t, ScalarType):
+            raise CompileError(f"cuda: const of type {t}")
+        self.declare(depth, op.result, _literal(value, t), _comment_value(value, t))
+
+    def op_compare(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        t = op.operands[0].type
+        self.declare(depth, op.result, self.compare(op.name, self._scalar(t, op), ops[0], ops[1]))
+
+    def op_arith(self, op: Op, depth: int) -> None:
+        n, ops = op.name, self.refs(op)
+        if n in _PAIR_OP and self._is_pair(op.result.type):
             self.declare(depth, op.result, f"{_PAIR_OP[n]}({ops[0]}, {ops[1]})")
-        elif n == "fma" and self._is_pair(op.result.type):
+            return
+        t = self._scalar(op.operands[0].type, op)
+        self.declare(depth, op.result, self.arith(n, t, ops[0], ops[1]))
+
+    def op_fma(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        if self._is_pair(op.result.type):
             self.declare(depth, op.result, f"__hfma2({ops[0]}, {ops[1]}, {ops[2]})")
-        elif n == "bitcast" and (self._is_pair(op.result.type) or self._is_pair(op.operands[0].type)):
+            return
+        t = self._scalar(op.result.type, op)
+        expr = f"__fmaf_rn({ops[0]}, {ops[1]}, {ops[2]})" if t == F32 else f"__hfma({ops[0]}, {ops[1]}, {ops[2]})"
+        self.declare(depth, op.result, expr)
+
+    def op_bitcast(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        if self._is_pair(op.result.type) or self._is_pair(op.operands[0].type):
             pair = op.result.type if self._is_pair(op.result.type) else op.operands[0].type
             if op.operands[0].type != U32 and op.result.type != U32:
                 raise CompileError(f"cuda: kernel {self.k.name}: bitcast {op.operands[0].type} -> {op.result.type}")
             fn = "mdsl::bits_to_pair<%s>" % _PAIR[pair.elem.name] if self._is_pair(op.result.type) else "mdsl::pair_bits"
             self.declare(depth, op.result, f"{fn}({ops[0]})")
-        elif n == "vec":
-            t = op.result.type
-            if self._is_pair(t):
-                make = "__halves2half2" if t.elem == F16 else "__halves2bfloat162"
-                self.declare(depth, op.result, f"{make}({ops[0]}, {ops[1]})")
-            else:
-                self.declare(depth, op.result, f"{cuda_type(t)}{{{{{', '.join(ops)}}}}}")
-        elif n == "frag_build":
-            self.frag_build(op, ops, depth)
-        elif n in ("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"):
-            t = self._scalar(op.operands[0].type, op)
-            self.declare(depth, op.result, self.arith(n, t, ops[0], ops[1]))
-        elif n == "fma":
-            t = self._scalar(op.result.type, op)
-            expr = f"__fmaf_rn({ops[0]}, {ops[1]}, {ops[2]})" if t == F32 else f"__hfma({ops[0]}, {ops[1]}, {ops[2]})"
-            self.declare(depth, op.result, expr)
-        elif n == "select":
-            self.declare(depth, op.result, f"({ops[0]} ? {ops[1]} : {ops[2]})")
-        elif n == "cast":
-            src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
-            self.declare(depth, op.result, self.cast(ops[0], src, dst))
-        elif n == "bitcast":
-            src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
-            self.declare(depth, op.result, self.bitcast(ops[0], src, dst))
-        elif n == "load":
-            _, elem, _ = self.memory(str(a["buffer"]))
-            access = self.read(str(a["buffer"]), ops[0])
-            if len(ops) > 1:
-                access = f"({ops[1]} ? {access} : {_zero(elem)})"
-            self.declare(depth, op.result, access)
-        elif n == "vload" and self.wide_load(op.result.type, str(a["buffer"])):
+            return
+        src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
+        self.declare(depth, op.result, self.bitcast(ops[0], src, dst))
+
+    def op_vec(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        t = op.result.type
+        if self._is_pair(t):
+            make = "__halves2half2" if t.elem == F16 else "__halves2bfloat162"  # type: ignore[union-attr]
+            self.declare(depth, op.result, f"{make}({ops[0]}, {ops[1]})")
+        else:
+            self.declare(depth, op.result, f"{cuda_type(t)}{{{{{', '.join(ops)}}}}}")
+
+    def op_frag_build(self, op: Op, depth: int) -> None:
+        self.frag_build(op, self.refs(op), depth)
+
+    def op_select(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"({ops[0]} ? {ops[1]} : {ops[2]})")
+
+    def op_cast(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
+        self.declare(depth, op.result, self.cast(ops[0], src, dst))
+
+    def op_load(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        _, elem, _ = self.memory(str(a["buffer"]))
+        access = self.read(str(a["buffer"]), ops[0])
+        if len(ops) > 1:
+            access = f"({ops[1]} ? {access} : {_zero(elem)})"
+        self.declare(depth, op.result, access)
+
+    def op_vload(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        if self.wide_load(op.result.type, str(a["buffer"])):
             # One 32/64/128-bit access: the IR guarantees index % size == 0.
             mem, elem, _ = self.memory(str(a["buffer"]))
             t = cuda_type(op.result.type)
@@ -605,84 +616,123 @@ class _Printer(CPrinter):
             if len(ops) > 1:
                 access = f"({ops[1]} ? {access} : mdsl::zero_vec<{t}>())"
             self.declare(depth, op.result, access)
-        elif n == "vload":
-            _, elem, _ = self.memory(str(a["buffer"]))
-            size = int(a["size"])
-            name = self.define(op.result)
-            self.emit(depth, f"{cuda_type(op.result.type)} {name};")
-            for i in range(size):
-                idx = ops[0] if i == 0 else f"{ops[0]} + {i}u"
-                access = self.read(str(a["buffer"]), idx)
-                if len(ops) > 1:
-                    access = f"({ops[1]} ? {access} : {_zero(elem)})"
-                self.emit(depth, f"{name}.v[{i}] = {access};")
-        elif n == "extract":
-            member = ("x", "y")[int(a["index"])] if self._is_pair(op.operands[0].type) else f"v[{int(a['index'])}]"
-            self.declare(depth, op.result, f"{ops[0]}.{member}")
-        elif n == "store":
-            mem, _, _ = self.memory(str(a["buffer"]))
-            stmt = f"{mem}[{ops[0]}] = {ops[1]};"
-            self.emit(depth, f"if ({ops[2]}) {stmt}" if len(ops) > 2 else stmt)
-        elif n == "atomic_add":
-            mem, _, _ = self.memory(str(a["buffer"]))
-            self.declare(depth, op.result, f"atomicAdd(&{mem}[{ops[0]}], {ops[1]})")
-        elif n == "table":
-            table = self.table_names[str(a['name'])]
-            read = f"{table}[{ops[0]}]"
-            self.declare(depth, op.result, f"__uint_as_float({read})" if table in self.bit_tables else read)
-        elif n == "barrier":
-            self.emit(depth, "__syncthreads();" if a["scope"] == "threadgroup" else "__syncwarp();")
-        elif n == "fence":
-            self.emit(depth, "__threadfence();" if a["scope"] == "device" else "__threadfence_block();")
-        elif n == "frag_zero":
-            cuda_type(op.result.type)
-            self.declare(depth, op.result, "mdsl::zero_c()")
-        elif n == "frag_load":
-            mem, _, _ = self.memory(str(a["buffer"]))
-            t = op.result.type
-            assert isinstance(t, FragmentType)
-            cuda_type(t)
-            transpose = "true" if a.get("transpose") else "false"
-            load = "load_b32" if cuda_type(t).startswith("mdsl::frag_b32") else f"load_{t.role}"
-            self.declare(depth, op.result, f"mdsl::{load}<{int(a['ld'])}, {transpose}>({mem} + {ops[0]})")
-        elif n == "frag_store":
-            mem, elem, _ = self.memory(str(a["buffer"]))
-            cuda_type(op.operands[0].type)
-            if elem not in (F16, BF16, F32):
-                raise CompileError(f"cuda: kernel {self.k.name}: frag_store to @{a['buffer']} of {elem}")
-            self.emit(depth, f"mdsl::store_c<{int(a['ld'])}>({mem} + {ops[1]}, {ops[0]});")
-        elif n == "frag_elems":
-            t = op.operands[0].type
-            assert isinstance(t, FragmentType)
-            if t.role != "c":  # a and b fragments hold 16-bit pairs; only c's elements are needed
-                raise CompileError(f"cuda: kernel {self.k.name}: frag_elems of {t}")
-            elems = ", ".join(f"{ops[0]}.x[{i}]" for i in range(4))
-            self.declare(depth, op.result, f"{cuda_type(op.result.type)}{{{{{elems}}}}}")
-        elif n == "async_copy":
-            dst, _, _ = self.memory(str(a["dst"]))
-            src, elem, _ = self.memory(str(a["src"]))
-            nbytes = int(a["size"]) * elem.bits // 8
-            pred = ops[2] if len(ops) > 2 else "true"
-            # With a false predicate no byte is read (src-size 0): point at the buffer's start.
-            self.emit(depth, f"mdsl::cp_async<{nbytes}>(&{dst}[{ops[0]}], {pred} ? &{src}[{ops[1]}] : {src}, {pred});")
-        elif n == "async_commit":
-            self.emit(depth, "mdsl::cp_async_commit();")
-        elif n == "async_wait":
-            self.emit(depth, f"mdsl::cp_async_wait<{int(a['pending'])}>();")
-        elif n == "mma":
-            for v in (*op.operands, op.result):
-                cuda_type(v.type)
-            self.declare(depth, op.result, f"mdsl::mma({ops[0]}, {ops[1]}, {ops[2]})")
-        elif n == "mma_sp":
-            for v in (*op.operands[:3], op.result):
-                cuda_type(v.type)
-            selector = a["selector"]
-            if isinstance(selector, bool) or selector not in (0, 1):
-                raise CompileError(f"cuda: kernel {self.k.name}: mma_sp selector {selector!r}")
-            self.declare(depth, op.result,
-                         f"mdsl::mma_sp<{int(selector)}>({ops[0]}, {ops[1]}, {ops[2]}, {ops[3]})")
-        else:
-            raise CompileError(f"cuda: kernel {self.k.name}: no CUDA for op {n}")
+            return
+        _, elem, _ = self.memory(str(a["buffer"]))
+        size = int(a["size"])
+        name = self.define(op.result)
+        self.emit(depth, f"{cuda_type(op.result.type)} {name};")
+        for i in range(size):
+            idx = ops[0] if i == 0 else f"{ops[0]} + {i}u"
+            access = self.read(str(a["buffer"]), idx)
+            if len(ops) > 1:
+                access = f"({ops[1]} ? {access} : {_zero(elem)})"
+            self.emit(depth, f"{name}.v[{i}] = {access};")
+
+    def op_extract(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        member = ("x", "y")[int(a["index"])] if self._is_pair(op.operands[0].type) else f"v[{int(a['index'])}]"
+        self.declare(depth, op.result, f"{ops[0]}.{member}")
+
+    def op_store(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        mem, _, _ = self.memory(str(op.attrs["buffer"]))
+        stmt = f"{mem}[{ops[0]}] = {ops[1]};"
+        self.emit(depth, f"if ({ops[2]}) {stmt}" if len(ops) > 2 else stmt)
+
+    def op_atomic_add(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        mem, _, _ = self.memory(str(op.attrs["buffer"]))
+        self.declare(depth, op.result, f"atomicAdd(&{mem}[{ops[0]}], {ops[1]})")
+
+    def op_table(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        table = self.table_names[str(op.attrs['name'])]
+        read = f"{table}[{ops[0]}]"
+        self.declare(depth, op.result, f"__uint_as_float({read})" if table in self.bit_tables else read)
+
+    def op_barrier(self, op: Op, depth: int) -> None:
+        self.emit(depth, "__syncthreads();" if op.attrs["scope"] == "threadgroup" else "__syncwarp();")
+
+    def op_fence(self, op: Op, depth: int) -> None:
+        self.emit(depth, "__threadfence();" if op.attrs["scope"] == "device" else "__threadfence_block();")
+
+    def op_frag_zero(self, op: Op, depth: int) -> None:
+        cuda_type(op.result.type)  # refuses a fragment type CUDA does not have
+        self.declare(depth, op.result, "mdsl::zero_c()")
+
+    def op_frag_load(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        mem, _, _ = self.memory(str(a["buffer"]))
+        t = op.result.type
+        assert isinstance(t, FragmentType)
+        cuda_type(t)
+        transpose = "true" if a.get("transpose") else "false"
+        load = "load_b32" if cuda_type(t).startswith("mdsl::frag_b32") else f"load_{t.role}"
+        self.declare(depth, op.result, f"mdsl::{load}<{int(a['ld'])}, {transpose}>({mem} + {ops[0]})")
+
+    def op_frag_store(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        mem, elem, _ = self.memory(str(a["buffer"]))
+        cuda_type(op.operands[0].type)
+        if elem not in (F16, BF16, F32):
+            raise CompileError(f"cuda: kernel {self.k.name}: frag_store to @{a['buffer']} of {elem}")
+        self.emit(depth, f"mdsl::store_c<{int(a['ld'])}>({mem} + {ops[1]}, {ops[0]});")
+
+    def op_frag_elems(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        t = op.operands[0].type
+        assert isinstance(t, FragmentType)
+        if t.role != "c":  # a and b fragments hold 16-bit pairs; only c's elements are needed
+            raise CompileError(f"cuda: kernel {self.k.name}: frag_elems of {t}")
+        elems = ", ".join(f"{ops[0]}.x[{i}]" for i in range(4))
+        self.declare(depth, op.result, f"{cuda_type(op.result.type)}{{{{{elems}}}}}")
+
+    def op_async_copy(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        dst, _, _ = self.memory(str(a["dst"]))
+        src, elem, _ = self.memory(str(a["src"]))
+        nbytes = int(a["size"]) * elem.bits // 8
+        pred = ops[2] if len(ops) > 2 else "true"
+        # With a false predicate no byte is read (src-size 0): point at the buffer's start.
+        self.emit(depth, f"mdsl::cp_async<{nbytes}>(&{dst}[{ops[0]}], {pred} ? &{src}[{ops[1]}] : {src}, {pred});")
+
+    def op_async_commit(self, op: Op, depth: int) -> None:
+        self.emit(depth, "mdsl::cp_async_commit();")
+
+    def op_async_wait(self, op: Op, depth: int) -> None:
+        self.emit(depth, f"mdsl::cp_async_wait<{int(op.attrs['pending'])}>();")
+
+    def op_mma(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        for v in (*op.operands, op.result):
+            cuda_type(v.type)
+        self.declare(depth, op.result, f"mdsl::mma({ops[0]}, {ops[1]}, {ops[2]})")
+
+    def op_mma_sp(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        for v in (*op.operands[:3], op.result):
+            cuda_type(v.type)
+        selector = op.attrs["selector"]
+        if isinstance(selector, bool) or selector not in (0, 1):
+            raise CompileError(f"cuda: kernel {self.k.name}: mma_sp selector {selector!r}")
+        self.declare(depth, op.result,
+                     f"mdsl::mma_sp<{int(selector)}>({ops[0]}, {ops[1]}, {ops[2]}, {ops[3]})")
+
+    #: CUDA's legal ops: the shared C-family entries and these (every op of the IR).
+    EMITTERS = {
+        **CPrinter.EMITTERS,
+        "const": op_const,
+        **dict.fromkeys(_CMP, op_compare),
+        **dict.fromkeys(("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"),
+                        op_arith),
+        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast,
+        "vec": op_vec, "extract": op_extract, "frag_build": op_frag_build,
+        "load": op_load, "vload": op_vload, "store": op_store, "atomic_add": op_atomic_add,
+        "table": op_table, "barrier": op_barrier, "fence": op_fence,
+        "frag_zero": op_frag_zero, "frag_load": op_frag_load, "frag_store": op_frag_store,
+        "frag_elems": op_frag_elems, "async_copy": op_async_copy, "async_commit": op_async_commit,
+        "async_wait": op_async_wait, "mma": op_mma, "mma_sp": op_mma_sp,
+    }
 
     @staticmethod
     def _is_pair(t: Type) -> bool:
@@ -799,6 +849,7 @@ def print_cuda(kernel: Kernel, inout_inputs: Iterable[str] = ()) -> CudaSource:
     """Print `kernel` as CUDA for `mx.fast.cuda_kernel` (see the module docstring).
 
     `inout_inputs`: readwrite buffers to pass as (zero-initialised) inputs instead of outputs."""
+    verify_legal(kernel, _Printer.EMITTERS, "cuda")
     if not _IDENT.match(kernel.name):
         raise CompileError(f"cuda: kernel name {kernel.name!r} is not a valid CUDA identifier")
     return _Printer(kernel, inout_inputs).run()

@@ -51,6 +51,7 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.core import Block, Kernel, Op, Value
 from ..ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
+from ..ir.verify import verify_legal
 from ..targets import METAL
 from .c_printer import CPrinter
 
@@ -124,7 +125,7 @@ def _round_float(value: float, t: ScalarType) -> float:
     if t == F16:
         return float(np.float16(value))
     if t == BF16:
-        from ..ir.interpret.numerics import _f64_to_f32_odd, round_bf16
+        from ..ir.numerics import _f64_to_f32_odd, round_bf16
         return float(round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))[0])
     raise TypeError(t)
 
@@ -248,8 +249,11 @@ class MetalSource:
 
 class _Printer(CPrinter):
     target = "metal"
+    target_title = "Metal"
     index_type = "uint"
     temp_decl = "auto"
+    index_exprs = _INDEX
+    dims_name = DIMS_NAME
 
     def __init__(self, kernel: Kernel, fence: str = "atomic_thread_fence") -> None:
         self.k = kernel
@@ -291,122 +295,156 @@ class _Printer(CPrinter):
     def declare(self, depth: int, v: Value, expr: str) -> None:
         self.emit(depth, f"{metal_type(v.type)} {self.define(v)} = {expr};")
 
-    def op(self, op: Op, depth: int) -> None:
-        n, a = op.name, op.attrs
-        ops = [self.ref(v) for v in op.operands] if n not in ("for",) else None
-        if n == "const":
-            t = op.result.type
-            if not isinstance(t, ScalarType):
-                raise CompileError(f"metal: const of type {t}")
-            self.declare(depth, op.result, _literal(a["value"], t))
-        elif n == "index":
-            self.declare(depth, op.result, _INDEX[str(a["kind"])])
-        elif n == "scalar":
-            self.declare(depth, op.result, f"{DIMS_NAME}[{self.scalar_index[str(a['name'])]}]")
-        elif n in _BINARY:
-            t = op.operands[0].type
-            expr = f"{ops[0]} {_BINARY[n]} {ops[1]}"
-            if isinstance(t, ScalarType) and t.name in ("u8", "u16", "bf16") and n not in ("lt", "le", "gt", "ge", "eq", "ne") \
-                    or isinstance(t, ScalarType) and t == BOOL and n in ("and", "or", "xor"):
-                expr = f"{metal_type(t)}({expr})"  # undo the promotion to int
-            self.declare(depth, op.result, expr)
-        elif n in ("min", "max"):
-            t = op.operands[0].type
-            if isinstance(t, ScalarType) and t.is_float:
-                fn = "metal::fmin" if n == "min" else "metal::fmax"
-                if t == BF16:
-                    expr = f"bfloat({fn}(float({ops[0]}), float({ops[1]})))"
-                else:
-                    expr = f"{fn}({ops[0]}, {ops[1]})"
-            else:
-                expr = f"metal::{n}({ops[0]}, {ops[1]})"
-            self.declare(depth, op.result, expr)
-        elif n == "fma":
-            t = op.result.type
+    # ----- ops: one emitter per op, gathered in EMITTERS below -------------------------------
+
+    def op_const(self, op: Op, depth: int) -> None:
+        t = op.result.type
+        if not isinstance(t, ScalarType):
+            raise CompileError(f"metal: const of type {t}")
+        self.declare(depth, op.result, _literal(op.attrs["value"], t))
+
+    def op_binary(self, op: Op, depth: int) -> None:
+        n, ops = op.name, self.refs(op)
+        t = op.operands[0].type
+        expr = f"{ops[0]} {_BINARY[n]} {ops[1]}"
+        if isinstance(t, ScalarType) and t.name in ("u8", "u16", "bf16") and n not in ("lt", "le", "gt", "ge", "eq", "ne") \
+                or isinstance(t, ScalarType) and t == BOOL and n in ("and", "or", "xor"):
+            expr = f"{metal_type(t)}({expr})"  # undo the promotion to int
+        self.declare(depth, op.result, expr)
+
+    def op_min_max(self, op: Op, depth: int) -> None:
+        n, ops = op.name, self.refs(op)
+        t = op.operands[0].type
+        if isinstance(t, ScalarType) and t.is_float:
+            fn = "metal::fmin" if n == "min" else "metal::fmax"
             if t == BF16:
-                expr = f"bfloat(metal::fma(float({ops[0]}), float({ops[1]}), float({ops[2]})))"
+                expr = f"bfloat({fn}(float({ops[0]}), float({ops[1]})))"
             else:
-                expr = f"metal::fma({ops[0]}, {ops[1]}, {ops[2]})"
-            self.declare(depth, op.result, expr)
-        elif n == "select":
-            self.declare(depth, op.result, f"{ops[0]} ? {ops[1]} : {ops[2]}")
-        elif n == "cast":
-            self.declare(depth, op.result, f"static_cast<{metal_type(op.result.type)}>({ops[0]})")
-        elif n == "bitcast":
-            self.declare(depth, op.result, f"as_type<{metal_type(op.result.type)}>({ops[0]})")
-        elif n == "load":
-            buf, elem = self.memory(str(a["buffer"]))
-            access = f"{buf}[{ops[0]}]"
-            if len(ops) > 1:
-                access = f"{ops[1]} ? {access} : {metal_type(elem)}(0)"
-            self.declare(depth, op.result, access)
-        elif n == "vload":
-            buf, elem = self.memory(str(a["buffer"]))
-            size = int(a["size"])
-            vt = metal_type(op.result.type)
-            parts = [f"{buf}[{ops[0]}]"] + [f"{buf}[{ops[0]} + {i}u]" for i in range(1, size)]
-            access = f"{vt}({', '.join(parts)})"
-            if len(ops) > 1:
-                access = f"{ops[1]} ? {access} : {vt}({metal_type(elem)}(0))"
-            self.declare(depth, op.result, access)
-        elif n == "extract":
-            self.declare(depth, op.result, f"{ops[0]}[{int(a['index'])}]")
-        elif n == "store":
-            buf, _ = self.memory(str(a["buffer"]))
-            stmt = f"{buf}[{ops[0]}] = {ops[1]};"
-            self.emit(depth, f"if ({ops[2]}) {stmt}" if len(ops) > 2 else stmt)
-        elif n == "atomic_add":
-            buf = str(a["buffer"])
-            self.declare(depth, op.result, f"atomic_fetch_add_explicit((device atomic_uint*)&{buf}[{ops[0]}], "
-                                           f"{ops[1]}, memory_order_relaxed)")
-        elif n == "table":
-            self.declare(depth, op.result, f"{self.table_names[str(a['name'])]}[{ops[0]}]")
-        elif n == "barrier":
-            if a["scope"] == "threadgroup":
-                self.emit(depth, f"threadgroup_barrier({self.tg_flags});")
-            else:
-                self.emit(depth, "simdgroup_barrier(mem_flags::mem_threadgroup);")
-        elif n == "fence":
-            flags = "mem_flags::mem_device" if a["scope"] == "device" else "mem_flags::mem_threadgroup"
-            if self.fence == "atomic_thread_fence":
-                scope = "thread_scope_device" if a["scope"] == "device" else "thread_scope_threadgroup"
-                self.emit(depth, f"atomic_thread_fence({flags}, memory_order_seq_cst, {scope});")
-            else:
-                self.emit(depth, f"threadgroup_barrier({flags});")
-        elif n == "frag_zero":
-            t = op.result.type
-            mt = metal_type(t)
-            elem = _SCALAR[t.elem.name]  # type: ignore[union-attr]
-            self.declare(depth, op.result, f"make_filled_{mt}({elem}(0))")
-        elif n == "frag_load":
-            buf, _ = self.memory(str(a["buffer"]))
-            t = op.result.type
-            name = self.define(op.result)
-            transpose = "true" if a.get("transpose") else "false"
-            self.emit(depth, f"{metal_type(t)} {name};")
-            self.emit(depth, f"simdgroup_load({name}, {buf} + {ops[0]}, {int(a['ld'])}, ulong2(0, 0), {transpose});")
-        elif n == "frag_store":
-            buf, elem = self.memory(str(a["buffer"]))
-            t = op.operands[0].type
-            frag = ops[0]
-            if t.elem != elem:  # type: ignore[union-attr]
-                if elem.name not in _FRAG_ELEMS:
-                    raise CompileError(f"metal: frag_store of {t} to @{buf} of {elem}")
-                self.helpers.add("convert_frag")
-                frag = f"mtl_convert_frag<{_SCALAR[elem.name]}>({frag})"
-            self.emit(depth, f"simdgroup_store({frag}, {buf} + {ops[1]}, {int(a['ld'])});")
-        elif n == "mma":
-            name = self.define(op.result)
-            self.emit(depth, f"{metal_type(op.result.type)} {name};")
-            self.emit(depth, f"simdgroup_multiply_accumulate({name}, {ops[0]}, {ops[1]}, {ops[2]});")
-        elif n == "for":
-            self.for_(op, depth)
-        elif n == "if":
-            self.if_(op, depth)
-        elif n == "switch":
-            self.switch(op, depth)
+                expr = f"{fn}({ops[0]}, {ops[1]})"
         else:
-            raise CompileError(f"metal: kernel {self.k.name}: no Metal for op {n}")
+            expr = f"metal::{n}({ops[0]}, {ops[1]})"
+        self.declare(depth, op.result, expr)
+
+    def op_fma(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        if op.result.type == BF16:
+            expr = f"bfloat(metal::fma(float({ops[0]}), float({ops[1]}), float({ops[2]})))"
+        else:
+            expr = f"metal::fma({ops[0]}, {ops[1]}, {ops[2]})"
+        self.declare(depth, op.result, expr)
+
+    def op_select(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"{ops[0]} ? {ops[1]} : {ops[2]}")
+
+    def op_cast(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"static_cast<{metal_type(op.result.type)}>({ops[0]})")
+
+    def op_bitcast(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"as_type<{metal_type(op.result.type)}>({ops[0]})")
+
+    def op_load(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        buf, elem = self.memory(str(op.attrs["buffer"]))
+        access = f"{buf}[{ops[0]}]"
+        if len(ops) > 1:
+            access = f"{ops[1]} ? {access} : {metal_type(elem)}(0)"
+        self.declare(depth, op.result, access)
+
+    def op_vload(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        buf, elem = self.memory(str(op.attrs["buffer"]))
+        size = int(op.attrs["size"])
+        vt = metal_type(op.result.type)
+        parts = [f"{buf}[{ops[0]}]"] + [f"{buf}[{ops[0]} + {i}u]" for i in range(1, size)]
+        access = f"{vt}({', '.join(parts)})"
+        if len(ops) > 1:
+            access = f"{ops[1]} ? {access} : {vt}({metal_type(elem)}(0))"
+        self.declare(depth, op.result, access)
+
+    def op_extract(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"{ops[0]}[{int(op.attrs['index'])}]")
+
+    def op_store(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        buf, _ = self.memory(str(op.attrs["buffer"]))
+        stmt = f"{buf}[{ops[0]}] = {ops[1]};"
+        self.emit(depth, f"if ({ops[2]}) {stmt}" if len(ops) > 2 else stmt)
+
+    def op_atomic_add(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        buf = str(op.attrs["buffer"])
+        self.declare(depth, op.result, f"atomic_fetch_add_explicit((device atomic_uint*)&{buf}[{ops[0]}], "
+                                       f"{ops[1]}, memory_order_relaxed)")
+
+    def op_table(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"{self.table_names[str(op.attrs['name'])]}[{ops[0]}]")
+
+    def op_barrier(self, op: Op, depth: int) -> None:
+        if op.attrs["scope"] == "threadgroup":
+            self.emit(depth, f"threadgroup_barrier({self.tg_flags});")
+        else:
+            self.emit(depth, "simdgroup_barrier(mem_flags::mem_threadgroup);")
+
+    def op_fence(self, op: Op, depth: int) -> None:
+        scope_attr = op.attrs["scope"]
+        flags = "mem_flags::mem_device" if scope_attr == "device" else "mem_flags::mem_threadgroup"
+        if self.fence == "atomic_thread_fence":
+            scope = "thread_scope_device" if scope_attr == "device" else "thread_scope_threadgroup"
+            self.emit(depth, f"atomic_thread_fence({flags}, memory_order_seq_cst, {scope});")
+        else:
+            self.emit(depth, f"threadgroup_barrier({flags});")
+
+    def op_frag_zero(self, op: Op, depth: int) -> None:
+        t = op.result.type
+        mt = metal_type(t)
+        elem = _SCALAR[t.elem.name]  # type: ignore[union-attr]
+        self.declare(depth, op.result, f"make_filled_{mt}({elem}(0))")
+
+    def op_frag_load(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        buf, _ = self.memory(str(a["buffer"]))
+        t = op.result.type
+        name = self.define(op.result)
+        transpose = "true" if a.get("transpose") else "false"
+        self.emit(depth, f"{metal_type(t)} {name};")
+        self.emit(depth, f"simdgroup_load({name}, {buf} + {ops[0]}, {int(a['ld'])}, ulong2(0, 0), {transpose});")
+
+    def op_frag_store(self, op: Op, depth: int) -> None:
+        ops, a = self.refs(op), op.attrs
+        buf, elem = self.memory(str(a["buffer"]))
+        t = op.operands[0].type
+        frag = ops[0]
+        if t.elem != elem:  # type: ignore[union-attr]
+            if elem.name not in _FRAG_ELEMS:
+                raise CompileError(f"metal: frag_store of {t} to @{buf} of {elem}")
+            self.helpers.add("convert_frag")
+            frag = f"mtl_convert_frag<{_SCALAR[elem.name]}>({frag})"
+        self.emit(depth, f"simdgroup_store({frag}, {buf} + {ops[1]}, {int(a['ld'])});")
+
+    def op_mma(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        name = self.define(op.result)
+        self.emit(depth, f"{metal_type(op.result.type)} {name};")
+        self.emit(depth, f"simdgroup_multiply_accumulate({name}, {ops[0]}, {ops[1]}, {ops[2]});")
+
+    #: Metal's legal ops: the shared C-family entries and these. Missing on purpose: `vec`,
+    #: `frag_build` and `frag_elems` (a simdgroup matrix's lane elements are not addressable
+    #: portably), the async copies and `mma_sp` (no such hardware).
+    EMITTERS = {
+        **CPrinter.EMITTERS,
+        "const": op_const,
+        **dict.fromkeys(_BINARY, op_binary),
+        "min": op_min_max, "max": op_min_max,
+        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast,
+        "load": op_load, "vload": op_vload, "extract": op_extract, "store": op_store, "atomic_add": op_atomic_add,
+        "table": op_table, "barrier": op_barrier, "fence": op_fence,
+        "frag_zero": op_frag_zero, "frag_load": op_frag_load, "frag_store": op_frag_store, "mma": op_mma,
+    }
 
     def type_name(self, t: Type) -> str:
         return metal_type(t)
@@ -487,6 +525,7 @@ def print_metal(kernel: Kernel, *, fence: str = "atomic_thread_fence") -> MetalS
     "atomic_thread_fence" (default, Metal 3.2+): a per-thread device-scope fence,
     `atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device)`,
     the documented way to order device memory across threadgroups."""
+    verify_legal(kernel, _Printer.EMITTERS, "metal")
     if not _IDENT.match(kernel.name):
         raise CompileError(f"metal: kernel name {kernel.name!r} is not a valid Metal identifier")
     if fence not in ("barrier", "atomic_thread_fence"):

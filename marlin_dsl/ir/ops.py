@@ -1,7 +1,9 @@
-"""The op set, declared as data: arity, attributes, regions, effects and a type rule.
+"""The op set, declared as data: arity, attributes, regions, effects, a type rule, the traits
+the passes read and, for the ALU ops, the scalar semantics (`evaluate`, from semantics.py).
 
-Every consumer (verifier, textual form, interpreter, passes, printers) reads these
-definitions instead of keeping its own list, so an op is added in one place.
+Every consumer (verifier, textual form, interpreter, folder and the other passes) reads these
+definitions instead of keeping its own list, so an op is added in one place; a printer's table
+(backends/c_printer.py) says which of them its target can print.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable
 
+from . import semantics
 from .core import BufferParam, Kernel, Op, SharedArray
 from .types import BF16, BOOL, F16, F32, U8, U16, U32, FragmentType, ScalarType, Type, VectorType
 
@@ -33,12 +36,21 @@ class OpDef:
     #: f(a, b) == f(b, a): fold puts a constant second, cse keys both orders alike.
     commutative: bool = False
     #: the hardware pipe the interleave pass's latency model charges: "alu" (integer or float
-    #: by the value's type), "memory" (beyond what reads/writes_memory say: constant tables)
-    #: or "" (classified by the other traits).
+    #: by the value's type), "int" (always the integer pipe: bit reinterpretation), "free"
+    #: (no instruction: constants), "memory" (beyond what reads/writes_memory say: constant
+    #: tables) or "" (classified by the other traits).
     pipe: str = ""
+    #: the op computes in its operands' type, not its result's (comparisons give bool): the
+    #: type an "alu" op's pipe is chosen by.
+    operand_typed: bool = False
+    #: the scalar semantics (semantics.py): Signature -> numpy evaluator over operand arrays,
+    #: shared by the interpreter and the folder; None for ops that are not pure arithmetic.
+    evaluate: semantics.Semantics | None = None
 
     @property
     def pure(self) -> bool:
+        """No side effect and no control flow: the op's results depend on its operands (and
+        attributes) only, so cse may merge it, dce drop it and the folder evaluate it."""
         return not (self.writes_memory or self.reads_memory or self.regions or self.terminator)
 
 
@@ -385,6 +397,10 @@ def _yields(op: Op, types: list[Type]) -> str | None:
 #: Binary ops whose operands commute (the `commutative` trait below).
 _COMMUTATIVE = frozenset({"add", "mul", "min", "max", "and", "or", "xor", "eq", "ne"})
 
+#: The integer ops whose semantics are not plain element-wise numpy (they have error cases).
+_INT_SEMANTICS = {"div": semantics.div_rem, "rem": semantics.div_rem, "shl": semantics.shift,
+                  "shr": semantics.shift}
+
 OPS: dict[str, OpDef] = {}
 
 
@@ -395,22 +411,28 @@ def _define(*defs: OpDef) -> None:
 
 _BIN = (2, 2)
 _define(
-    OpDef("const", (0, 0), ("value",), results=(1, 1), rule=_const,
+    OpDef("const", (0, 0), ("value",), results=(1, 1), rule=_const, pipe="free",
           doc="a compile-time constant of the result type"),
     OpDef("index", (0, 0), ("kind",), results=(1, 1), rule=_index,
           doc="thread coordinates: tid, lane, warp, group_x, group_y, group_z"),
     OpDef("scalar", (0, 0), ("name",), results=(1, 1), rule=_u32_result,
           doc="a launch-time scalar (M, N, K)"),
-    *(OpDef(n, _BIN, results=(1, 1), rule=_same, pipe="alu", commutative=n in _COMMUTATIVE)
+    *(OpDef(n, _BIN, results=(1, 1), rule=_same, pipe="alu", commutative=n in _COMMUTATIVE,
+            evaluate=semantics.binary)
       for n in ("add", "sub", "mul", "min", "max")),
-    *(OpDef(n, _BIN, results=(1, 1), rule=_int_same, pipe="alu", commutative=n in _COMMUTATIVE)
+    *(OpDef(n, _BIN, results=(1, 1), rule=_int_same, pipe="alu", commutative=n in _COMMUTATIVE,
+            evaluate=_INT_SEMANTICS.get(n, semantics.binary))
       for n in ("div", "rem", "and", "or", "xor", "shl", "shr")),
-    OpDef("fma", (3, 3), results=(1, 1), rule=_float_same, pipe="alu", doc="a * b + c"),
-    *(OpDef(n, _BIN, results=(1, 1), rule=_compare, pipe="alu", commutative=n in _COMMUTATIVE)
+    OpDef("fma", (3, 3), results=(1, 1), rule=_float_same, pipe="alu", evaluate=semantics.fma,
+          doc="a * b + c"),
+    *(OpDef(n, _BIN, results=(1, 1), rule=_compare, pipe="alu", operand_typed=True,
+            commutative=n in _COMMUTATIVE, evaluate=semantics.binary)
       for n in ("lt", "le", "gt", "ge", "eq", "ne")),
-    OpDef("select", (3, 3), results=(1, 1), rule=_select, pipe="alu"),
-    OpDef("cast", (1, 1), ("to",), results=(1, 1), rule=_convert, pipe="alu", doc="numeric conversion"),
-    OpDef("bitcast", (1, 1), ("to",), results=(1, 1), rule=_convert, doc="reinterpret bits"),
+    OpDef("select", (3, 3), results=(1, 1), rule=_select, pipe="alu", evaluate=semantics.select),
+    OpDef("cast", (1, 1), ("to",), results=(1, 1), rule=_convert, pipe="alu", evaluate=semantics.cast,
+          doc="numeric conversion"),
+    OpDef("bitcast", (1, 1), ("to",), results=(1, 1), rule=_convert, pipe="int",
+          evaluate=semantics.bitcast, doc="reinterpret bits"),
     OpDef("load", (1, 2), ("buffer",), results=(1, 1), reads_memory=True, rule=_memory,
           doc="buffer[index]; with a false predicate no access happens and the result is 0"),
     OpDef("vload", (1, 2), ("buffer", "size"), results=(1, 1), reads_memory=True, rule=_memory,
@@ -421,7 +443,8 @@ _define(
           doc="buffer[index] = value, skipped where the predicate is false"),
     OpDef("atomic_add", (2, 2), ("buffer",), results=(1, 1), writes_memory=True,
           reads_memory=True, rule=_memory, doc="returns the old value"),
-    OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, pipe="memory", doc="constant table lookup"),
+    OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, pipe="memory", evaluate=semantics.table,
+          doc="constant table lookup"),
     OpDef("barrier", (0, 0), ("scope",), writes_memory=True, rule=_scoped,
           doc="threadgroup: all threads of the group; simdgroup: the threads of one warp"),
     OpDef("fence", (0, 0), ("scope",), writes_memory=True, rule=_scoped, doc="memory ordering for device memory"),

@@ -1,7 +1,10 @@
-"""The IR verifier, run after every pass: SSA scoping, op arity, attributes and types."""
+"""The IR verifier, run after every pass: SSA scoping, op arity, attributes and types; and
+the check that a kernel uses only a target's legal ops, run before printing."""
 from __future__ import annotations
 
-from ..errors import MarlinDSLError
+from collections.abc import Collection, Iterator
+
+from ..errors import CompileError, MarlinDSLError
 from .core import Block, Kernel, Op, Value
 from .ops import OPS
 from .types import FragmentType
@@ -87,3 +90,23 @@ def _define(kernel: Kernel, v: Value, names: set[str], where: str | None) -> Non
         raise VerifyError(f"kernel {kernel.name}: value %{v.name} defined twice"
                           + (f" ({where})" if where else ""))
     names.add(v.name)
+
+
+def verify_legal(kernel: Kernel, legal_ops: Collection[str], target_name: str) -> None:
+    """Raise CompileError naming the first op of `kernel` that `target_name` cannot print (one
+    not in `legal_ops`, the keys of the target's printer table) and where it is, so a kernel
+    is refused before printing starts rather than half-way through."""
+    for path, op in _walk(kernel.body, ""):
+        if op.name not in legal_ops:
+            result = f" -> %{op.results[0].name}" if op.results else ""
+            raise CompileError(f"{target_name}: kernel {kernel.name}: {path} ({op.name}{result}): "
+                               f"op {op.name} is not legal on {target_name} (its printer has no entry for it)")
+
+
+def _walk(block: Block, prefix: str) -> Iterator[tuple[str, Op]]:
+    """(position, op) for every op, preorder; a position reads `op 3, region 0, op 1`."""
+    for i, op in enumerate(block.ops):
+        here = f"{prefix}op {i}"
+        yield here, op
+        for r, region in enumerate(op.regions):
+            yield from _walk(region, f"{here}, region {r}, ")

@@ -1,8 +1,10 @@
 """Constant folding, algebraic identities, and inlining of `if`/`switch` on a constant.
 
-Folding follows docs/IR.md exactly: integers wrap modulo 2^bits; f16, bf16 and f32 results are
-the exact result rounded once to the type (round to nearest even; `fma` too); comparisons are
-IEEE. An op is folded only when every operand is a *canonical* constant (an integer in its
+Folding follows docs/IR.md exactly because it runs the op table's scalar semantics
+(`OpDef.evaluate`, ir/semantics.py), the numpy functions the interpreter runs: integers wrap
+modulo 2^bits; f16, bf16 and f32 results are the exact result rounded once to the type (round to
+nearest even; `fma` too); comparisons are IEEE. It evaluates them strictly (`Signature.strict`),
+so the readings the IR leaves open are faults here. An op is folded only when every operand is a *canonical* constant (an integer in its
 type's range, a finite float exactly representable in its type, a bool) and the result is
 defined and finite: divisions by zero, over-wide shifts, out-of-range float->int casts, table
 lookups out of range and overflows to infinity are left to run time (where they are errors or
@@ -17,11 +19,14 @@ region's yielded values replace the op's results.
 from __future__ import annotations
 
 import math
-import struct
-from fractions import Fraction
+from typing import Mapping
+
+import numpy as np
 
 from ..ir.core import Block, Kernel, Op, Value
+from ..ir.numerics import _INT_RANGE, _round_f64
 from ..ir.ops import OPS
+from ..ir.semantics import Signature
 from ..ir.types import BOOL, ScalarType
 from .manager import Pass, register, resolve
 
@@ -31,46 +36,7 @@ Scalar = int | float | bool
 FLOAT_FORMATS = {"f16": (11, -14, 15), "bf16": (8, -126, 127), "f32": (24, -126, 127)}
 
 
-# ----- scalar semantics ------------------------------------------------------------------------
-
-def round_to_float(q: Fraction, type_name: str) -> float | None:
-    """`q` rounded to nearest even in the float type (a Python float holding it exactly), or
-    None when it overflows to infinity. A zero result carries the sign of `q`'s rounding only
-    for non-zero `q`; callers handle exact zeros (their sign follows IEEE rules)."""
-    p, emin, emax = FLOAT_FORMATS[type_name]
-    if q == 0:
-        return 0.0
-    neg = q < 0
-    a = -q if neg else q
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    if Fraction(2) ** e > a:
-        e -= 1
-    # now 2**e <= a < 2**(e+1); below the normal range the quantum stays fixed (subnormals)
-    quantum = Fraction(2) ** (max(e, emin) - p + 1)
-    n = a / quantum
-    whole = n.numerator // n.denominator
-    rest = n - whole
-    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2 == 1):
-        whole += 1
-    r = whole * quantum
-    if r >= Fraction(2) ** (emax + 1):
-        return None
-    f = float(r)
-    return -f if neg else f
-
-
-def int_range(t: ScalarType) -> tuple[int, int]:
-    if t.name == "i32":
-        return -(1 << 31), (1 << 31) - 1
-    return 0, (1 << t.bits) - 1
-
-
-def wrap(x: int, t: ScalarType) -> int:
-    x &= (1 << t.bits) - 1
-    if t.name == "i32" and x >= 1 << 31:
-        x -= 1 << 32
-    return x
-
+# ----- constants and their evaluation -----------------------------------------------------------
 
 def canonical(value: object, t: object) -> Scalar | None:
     """The value a `const` of type `t` holds, or None if the attribute is not a canonical
@@ -90,7 +56,7 @@ def canonical(value: object, t: object) -> Scalar | None:
             value = int(value)
         if not isinstance(value, int):
             return None
-        lo, hi = int_range(t)
+        lo, hi = _INT_RANGE[t.name]
         return value if lo <= value <= hi else None
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
@@ -100,144 +66,54 @@ def canonical(value: object, t: object) -> Scalar | None:
         return None
     if f != value:  # an int that no double holds
         return None
-    r = round_to_float(Fraction(f), t.name)
-    if r is None or r != f:
+    if float(_round_f64(np.array([f]), t)[0]) != f:  # not exactly a value of the type
         return None
     return f  # keeps the sign of a zero
 
 
-def to_bits(value: Scalar, t: ScalarType) -> int:
-    if t.name == "f32":
-        return struct.unpack("<I", struct.pack("<f", value))[0]
-    if t.name == "f16":
-        return struct.unpack("<H", struct.pack("<e", value))[0]
-    if t.name == "bf16":
-        return struct.unpack("<I", struct.pack("<f", value))[0] >> 16
+def _python(x: object, t: ScalarType) -> Scalar | None:
+    """A numpy result as the Python value of a `const` attribute; None if not finite."""
     if t == BOOL:
-        return int(bool(value))
-    return int(value) & ((1 << t.bits) - 1)
-
-
-def from_bits(bits: int, t: ScalarType) -> Scalar | None:
-    if t.name == "f32":
-        f = struct.unpack("<f", struct.pack("<I", bits))[0]
-    elif t.name == "f16":
-        f = struct.unpack("<e", struct.pack("<H", bits))[0]
-    elif t.name == "bf16":
-        f = struct.unpack("<f", struct.pack("<I", bits << 16))[0]
-    elif t == BOOL:
-        return bool(bits)
-    else:
-        return wrap(bits, t)
+        return bool(x)
+    if t.is_int:
+        return int(x)  # type: ignore[call-overload]
+    f = float(x)  # type: ignore[arg-type]
     return f if math.isfinite(f) else None
 
 
-def _float_result(exact: Fraction, ieee_zero: float, t: ScalarType) -> float | None:
-    if exact == 0:
-        return ieee_zero  # the IEEE sign of an exact zero, computed in binary64
-    return round_to_float(exact, t.name)
+def constant_tables(kernel: Kernel | None) -> dict[str, np.ndarray]:
+    """The kernel's tables as holding arrays, for folding `table` lookups. An entry that is not
+    a canonical constant is not folded: a float one becomes NaN (a result that is not folded),
+    an integer table with one is left out (so no lookup in it is folded)."""
+    out: dict[str, np.ndarray] = {}
+    for t in kernel.tables if kernel is not None else ():
+        values = [canonical(v, t.elem) for v in t.values]
+        if t.elem.is_float:
+            values = [math.nan if v is None else v for v in values]
+        if all(v is not None for v in values):
+            out[t.name] = np.array(values, dtype=t.elem.holding_dtype).reshape(-1)
+    return out
 
 
-def evaluate(op: Op, args: list[Scalar], kernel: Kernel | None = None) -> Scalar | None:
-    """The value of a pure op on canonical constant operands, or None when it is not folded."""
-    name = op.name
-    rt = op.results[0].type if op.results else None
-    at = op.operands[0].type if op.operands else None
-    if not isinstance(rt, ScalarType):
+def evaluate(op: Op, args: list[Scalar], kernel: Kernel | None = None,
+             tables: Mapping[str, np.ndarray] | None = None) -> Scalar | None:
+    """The value of an op with scalar semantics (`OpDef.evaluate`, shared with the interpreter)
+    on canonical constant operands, or None when it is not folded: the op is an error there,
+    its result is open (the strict reading) or not finite."""
+    d = OPS.get(op.name)
+    rt = op.results[0].type if len(op.results) == 1 else None
+    types = tuple(v.type for v in op.operands)
+    if d is None or d.evaluate is None or not isinstance(rt, ScalarType) or \
+            not all(isinstance(t, ScalarType) for t in types):
         return None
-
-    if name in ("lt", "le", "gt", "ge", "eq", "ne"):
-        a, b = args
-        return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[name]
-    if name == "select":
-        return args[1] if args[0] else args[2]
-    if name == "cast":
-        return _cast(args[0], at, rt)
-    if name == "bitcast":
-        if not isinstance(at, ScalarType) or at.bits != rt.bits:
-            return None
-        return from_bits(to_bits(args[0], at), rt)
-    if name == "table":
-        if kernel is None:
-            return None
-        try:
-            decl = kernel.symbol(str(op.attrs["name"]))
-        except KeyError:
-            return None
-        values = getattr(decl, "values", None)
-        i = args[0]
-        if values is None or not 0 <= i < len(values):
-            return None
-        return canonical(values[i], rt)
-
-    if rt == BOOL:
-        if name in ("and", "or", "xor"):
-            a, b = args
-            return {"and": a and b, "or": a or b, "xor": a != b}[name]
-        return None  # bool arithmetic is not defined by the IR doc
-
-    if len(args) != 2 and name != "fma":
+    sig = Signature(op.name, op.attrs, types, rt, strict=True,
+                    tables=constant_tables(kernel) if tables is None else tables)
+    operands = [np.array([a], dtype=t.holding_dtype) for a, t in zip(args, types)]  # type: ignore[union-attr]
+    with np.errstate(all="ignore"):
+        value, faults = d.evaluate(sig)(*operands)
+    if any(f.lanes.any() for f in faults):
         return None
-    if rt.is_int:
-        if name == "fma":
-            return None
-        a, b = args
-        if name in ("add", "sub", "mul"):
-            return wrap({"add": a + b, "sub": a - b, "mul": a * b}[name], rt)
-        if name in ("min", "max"):
-            return min(a, b) if name == "min" else max(a, b)
-        if name in ("div", "rem"):
-            if b == 0 or a < 0 or b < 0:  # i32 with a negative operand: floor or truncation?
-                return None
-            return a // b if name == "div" else a % b
-        if name in ("and", "or", "xor"):
-            bits = (1 << rt.bits) - 1
-            ua, ub = a & bits, b & bits
-            return wrap({"and": ua & ub, "or": ua | ub, "xor": ua ^ ub}[name], rt)
-        if name in ("shl", "shr"):
-            if not 0 <= b < rt.bits:
-                return None
-            # shr is logical on unsigned types and arithmetic on i32 (C, Metal, CUDA, numpy)
-            return wrap(a << b, rt) if name == "shl" else a >> b
-        return None
-
-    # floats
-    if name in ("add", "sub", "mul"):
-        a, b = args
-        fa, fb = Fraction(a), Fraction(b)
-        exact = {"add": fa + fb, "sub": fa - fb, "mul": fa * fb}[name]
-        ieee = {"add": a + b, "sub": a - b, "mul": a * b}[name]
-        return _float_result(exact, ieee, rt)
-    if name == "fma":
-        a, b, c = args
-        exact = Fraction(a) * Fraction(b) + Fraction(c)
-        return _float_result(exact, a * b + c, rt)  # products of these types are exact in binary64
-    if name in ("min", "max"):
-        a, b = args
-        if a == b and math.copysign(1, a) != math.copysign(1, b):
-            return None  # min(-0, +0) is not pinned down
-        return min(a, b) if name == "min" else max(a, b)
-    return None
-
-
-def _cast(x: Scalar, src: object, dst: ScalarType) -> Scalar | None:
-    if not isinstance(src, ScalarType):
-        return None
-    if dst == BOOL:
-        return bool(x) if src.is_int or src == BOOL else None
-    if src == BOOL:
-        return int(x) if dst.is_int else None
-    if dst.is_int:
-        if src.is_float:
-            if not math.isfinite(x):
-                return None
-            x = int(x)  # truncates toward zero
-        lo, hi = int_range(dst)
-        return int(x) if lo <= x <= hi else None
-    # to a float type: one rounding from the exact source value
-    if src.is_float and x == 0:
-        return float(x)  # keeps the sign of zero
-    return round_to_float(Fraction(x), dst.name)
+    return _python(np.asarray(value).reshape(-1)[0], rt)
 
 
 # ----- algebraic identities -------------------------------------------------------------------
@@ -314,6 +190,7 @@ class FoldPass(Pass):
 
     def run(self, kernel: Kernel, log: list[str]) -> None:
         self.kernel = kernel
+        self.tables = constant_tables(kernel)
         self.mapping: dict[Value, Value] = {}
         self.consts: dict[Value, Scalar] = {}
         self.folded = self.identities = self.inlined = 0
@@ -347,13 +224,13 @@ class FoldPass(Pass):
                 out.append(op)
                 continue
             d = OPS.get(op.name)
-            if d is None or not d.pure or len(op.results) != 1 or op.name in ("index", "scalar"):
+            if d is None or d.evaluate is None or len(op.results) != 1:
                 out.append(op)
                 continue
             args = [self.consts.get(v) for v in op.operands]
             value: object = None
             if op.operands and all(a is not None for a in args):
-                value = evaluate(op, args, self.kernel)  # type: ignore[arg-type]
+                value = evaluate(op, args, self.kernel, self.tables)  # type: ignore[arg-type]
                 if value is not None:
                     self.folded += 1
             if value is None:

@@ -52,12 +52,10 @@ def _is_float(t: object) -> bool:
 def op_class(op: Op) -> str:
     """The model's class of an op: int, float, memory, mma, other or free."""
     d = OPS.get(op.name)
-    if op.name == "const":
-        return "free"
-    if op.name == "bitcast":
-        return "int"
+    if d is not None and d.pipe in ("free", "int"):
+        return d.pipe
     if d is not None and d.pipe == "alu":
-        if op.name in ("lt", "le", "gt", "ge", "eq", "ne"):
+        if d.operand_typed:
             t = op.operands[0].type if op.operands else None
         else:
             t = op.results[0].type if op.results else None

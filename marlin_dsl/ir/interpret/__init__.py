@@ -50,7 +50,8 @@ lockstep, so device memory is coherent across the launch.
 `atomic_add` is serialised in (group, thread) order, the group index running x fastest:
 g = x + gx * (y + gy * z).
 
-The package: `numerics.py` (rounding, casts: the scalar semantics above), `machine.py` (the
+The scalar semantics of the ALU ops are the op table's (`OpDef.evaluate`, ir/semantics.py, with
+the rounding rules of ir/numerics.py), which the constant folder shares. The package: `machine.py` (the
 machine: masks, threadgroup memory with its race bookkeeping, async copies, the compiler of
 blocks to closures, and helpers the handlers share), and one module per op group of handlers
 (`alu.py`, `memory.py`, `fragments.py`, `control.py`), joined by `HANDLERS` here.
@@ -63,27 +64,26 @@ import numpy as np
 
 from ..core import Kernel, Op
 from ..verify import verify
-from .alu import (_h_bitcast, _h_cast, _h_const, _h_divrem, _h_extract, _h_fma, _h_index,
-                  _h_binary, _h_scalar, _h_select, _h_shift, _h_table, _h_vec)
+from ..ops import OPS
+from .alu import _h_const, _h_evaluate, _h_extract, _h_index, _h_scalar, _h_select, _h_vec
 from .control import _h_for, _h_if, _h_switch
 from .fragments import _h_frag_build, _h_frag_load, _h_frag_store, _h_frag_zero, _h_mma, _h_mma_sp
 from .machine import Fn, InterpreterError, _Machine, launch_size
 from .memory import (_h_async_commit, _h_async_copy, _h_async_wait, _h_atomic_add, _h_barrier,
                      _h_fence, _h_frag_elems, _h_load, _h_store)
-from .numerics import round_bf16
+from ..numerics import round_bf16
 
 __all__ = ["HANDLERS", "InterpreterError", "launch_size", "round_bf16", "run_kernel"]
 
 
 #: op name -> handler: builds the closure that runs the op (the handler modules below).
 HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
+    # every op with scalar semantics in the op table (add, ..., cast, bitcast, table)
+    **{n: _h_evaluate for n, d in OPS.items() if d.evaluate is not None},
+    "select": _h_select,  # _h_evaluate, or a warp-consistent merge of fragments
     "const": _h_const, "index": _h_index, "scalar": _h_scalar,
-    **{n: _h_binary for n in ("add", "sub", "mul", "min", "max", "and", "or", "xor",
-                              "lt", "le", "gt", "ge", "eq", "ne")},
-    "div": _h_divrem, "rem": _h_divrem, "shl": _h_shift, "shr": _h_shift,
-    "fma": _h_fma, "select": _h_select, "cast": _h_cast, "bitcast": _h_bitcast,
     "load": _h_load, "vload": _h_load, "extract": _h_extract, "store": _h_store,
-    "atomic_add": _h_atomic_add, "table": _h_table, "barrier": _h_barrier, "fence": _h_fence,
+    "atomic_add": _h_atomic_add, "barrier": _h_barrier, "fence": _h_fence,
     "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_build": _h_frag_build, "vec": _h_vec, "frag_store": _h_frag_store,
     "frag_elems": _h_frag_elems, "async_copy": _h_async_copy, "async_commit": _h_async_commit,
     "async_wait": _h_async_wait,

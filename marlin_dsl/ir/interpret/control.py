@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import Op
-from .numerics import _zeros
+from ..numerics import _zeros
 from .machine import Fn, _Machine, _Mask, _merge, _shape
 
 

@@ -4,7 +4,7 @@ import numpy as np
 
 from ..core import Op
 from ..types import FragmentType, VectorType
-from .numerics import _U32, _cast, _round_f64, _zeros
+from ..numerics import _U32, _cast, _round_f64, _zeros
 from .machine import Fn, InterpreterError, _Machine, _Mask, _access_error, _shape, _warp_uniform, _warps
 
 

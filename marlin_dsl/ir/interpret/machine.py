@@ -7,7 +7,7 @@ import numpy as np
 from ...errors import MarlinDSLError
 from ..core import Block, BufferParam, ConstTable, Kernel, Op, SharedArray, Value
 from ..types import BF16, BOOL, FragmentType, Type, VectorType
-from .numerics import _INT_RANGE, _U32, _round_f64, round_bf16
+from ..numerics import _INT_RANGE, _U32, _round_f64, round_bf16
 
 
 class InterpreterError(MarlinDSLError):

@@ -4,7 +4,7 @@ import numpy as np
 
 from ..core import Op
 from ..types import FragmentType
-from .numerics import _U32, _zeros
+from ..numerics import _U32, _zeros
 from .machine import Fn, InterpreterError, _AsyncCopies, _Machine, _Mask, _access_error, _shape, _warps
 
 

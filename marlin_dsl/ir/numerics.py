@@ -1,8 +1,11 @@
+"""The IR's rounding rules in numpy (docs/IR.md): bf16 rounding, float64 rounded to odd, one
+rounding to a float type, casts and bit casts. The op table's scalar semantics (semantics.py),
+hence the interpreter and the folder, and the printers' float literals use them."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..types import BF16, BOOL, F16, F32, ScalarType, Type
+from .types import BF16, BOOL, F16, F32, ScalarType, Type
 
 
 # ----- numeric helpers ----------------------------------------------------------------------
