@@ -42,7 +42,7 @@ def _graph() -> nx.DiGraph:
 def test_the_graph_is_read() -> None:
     graph = _graph()
     assert graph.number_of_edges() > 100
-    assert graph.has_edge("marlin_dsl.lowering.pipelines", "marlin_dsl.lowering.stream")
+    assert graph.has_edge("marlin_dsl.lowering.pipelines", "marlin_dsl.lowering.weight_stream")
 
 
 def test_no_import_cycles() -> None:

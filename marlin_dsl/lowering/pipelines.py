@@ -12,11 +12,10 @@ from typing import Callable, Protocol
 from ..ir import Kernel
 from ..schedule import Gemm
 from ..targets import Target
-from .gemm import GemmLowering
 from .multistage import MultistageLowering
 from .parts.context import GemmContext
 from .staged import DoubleBufferedLowering, FusedDequantLowering, StripedLowering
-from .stream import StreamLowering
+from .weight_stream import WeightStreamLowering
 
 
 class Lowering(Protocol):
@@ -28,8 +27,8 @@ LOWERINGS: dict[str, Callable[[GemmContext], Lowering]] = {
     "double_buffered": DoubleBufferedLowering,
     "fused_dequant": FusedDequantLowering,
     "striped": StripedLowering,
-    "weight_stream": lambda ctx: StreamLowering(ctx.gemm, ctx.target),
-    "multistage": lambda ctx: MultistageLowering(ctx.gemm, ctx.target),
+    "weight_stream": WeightStreamLowering,
+    "multistage": MultistageLowering,
 }
 
 
