@@ -103,7 +103,7 @@ def subjects(args):
             for fmt_name, mm, sched, gemm, weights in ours:
                 if mm == m:
                     p = sched.pipeline
-                    if isinstance(p, Multistage):
+                    if p.kind == "multistage":
                         label = f"{sched.tile_m}x{sched.tile_n}x{sched.tile_k} {sched.warps_m}x{sched.warps_n} s{p.stages}"
                     else:
                         label = f"{sched.tile_m}x{sched.tile_n}x{sched.tile_k} w{sched.warps_n} k{p.k_warps} d{p.depth}"

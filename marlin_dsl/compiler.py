@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 from .errors import MarlinDSLError, UsageError
 from .ir import Kernel
-from .lowering import lower_gemm
+from .lowering.pipelines import lower_gemm
 from .passes import DEFAULT_PIPELINE, PASSES, PassManager, build_pipeline
 from .schedule import Gemm
 from .targets import Target

@@ -50,3 +50,4 @@ def test_architecture_names_only_what_exists() -> None:
     from marlin_dsl.layers.dispatch import _DISPATCH  # noqa: F401
     from marlin_dsl.lowering.pipelines import LOWERINGS  # noqa: F401
     from marlin_dsl.passes.manager import PASSES  # noqa: F401
+    from marlin_dsl.pipelines import PIPELINES  # noqa: F401

@@ -23,7 +23,7 @@ from marlin_dsl.ir import (BF16, F16, F32, I32, U8, U16, U32, Block, BufferParam
                            ConstTable, FragmentType, GridDim, Kernel, Op, ScalarParam, SharedArray,
                            Value, VectorType, verify)
 from marlin_dsl.ir.interpret import run_kernel
-from marlin_dsl.lowering import lower_gemm
+from marlin_dsl.lowering.pipelines import lower_gemm
 from marlin_dsl.runtime import gemm_buffers, read_output
 from marlin_dsl.verify import sample_weights
 

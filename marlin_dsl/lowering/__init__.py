@@ -1,4 +1,5 @@
-"""Lowering of formats and schedules to kernel IR."""
-from .pipelines import lower_gemm
+"""Lowering of formats and schedules to kernel IR.
 
-__all__ = ["lower_gemm"]
+`lower_gemm` is in `lowering/pipelines.py` (the registry of pipeline lowerings). This face
+imports nothing, so that the spec-level pipeline checks (`marlin_dsl/pipelines/`) can read
+`lowering/stream_layout.py` without loading the lowerings, which read the schedule."""

@@ -1,27 +1,41 @@
-"""Which lowering builds a Gemm's kernel: one class per pipeline kind, in a registry.
+"""Which lowering builds a Gemm's kernel: the registry of pipeline lowerings, by pipeline kind
+(the kinds of `marlin_dsl.pipelines.PIPELINES`).
 
-`GemmLowering` (gemm.py) lowers the seed pipelines (double buffered, fused dequant, striped);
-`StreamLowering` (stream.py) and `MultistageLowering` (multistage.py) build on it. This module
-is the only one that knows all three, so that the lowerings import downwards only (gemm <-
-stream <- multistage <- here) and a new pipeline is one entry here plus its own module.
+`lower_gemm` creates the lowering context once (`parts/context.py`: builder, gemm, format,
+schedule, target, types; it checks the schedule) and hands it to the pipeline's lowering, a
+class assembled from the shared parts (`lowering/parts/`) with one `lower()`.
 """
 from __future__ import annotations
 
-from ..ir import Kernel
-from ..schedule import Gemm, Multistage, WeightStream
-from ..targets import Target
-from .gemm import GemmLowering
-from .multistage import MultistageLowering
-from .stream import StreamLowering
+from typing import Callable, Protocol
 
-#: Pipeline class -> the lowering of its kernels; pipelines not listed use GemmLowering.
-LOWERINGS: dict[type, type[GemmLowering]] = {Multistage: MultistageLowering, WeightStream: StreamLowering}
+from ..ir import Kernel
+from ..schedule import Gemm
+from ..targets import Target
+from .multistage import MultistageLowering
+from .parts.context import GemmContext
+from .staged import DoubleBufferedLowering, FusedDequantLowering, StripedLowering
+from .weight_stream import WeightStreamLowering
+
+
+class Lowering(Protocol):
+    def lower(self) -> Kernel: ...
+
+
+#: pipeline kind -> the lowering of its kernels (constructed with the lowering context).
+LOWERINGS: dict[str, Callable[[GemmContext], Lowering]] = {
+    "double_buffered": DoubleBufferedLowering,
+    "fused_dequant": FusedDequantLowering,
+    "striped": StripedLowering,
+    "weight_stream": WeightStreamLowering,
+    "multistage": MultistageLowering,
+}
 
 
 def lower_gemm(gemm: Gemm, target: Target) -> Kernel:
     """Lower one Gemm to verified kernel IR for `target`."""
-    lowering = LOWERINGS.get(type(gemm.schedule.pipeline), GemmLowering)
-    return lowering(gemm, target).lower()
+    ctx = GemmContext(gemm, target)
+    return LOWERINGS[ctx.pipeline.kind](ctx).lower()
 
 
-__all__ = ["LOWERINGS", "lower_gemm"]
+__all__ = ["LOWERINGS", "Lowering", "lower_gemm"]

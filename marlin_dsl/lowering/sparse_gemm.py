@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CompileError
-from ..ir import BF16, F16, F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, ScalarParam, Value, VectorType, verify
-from ..ir.builder import Builder
+from ..ir import BF16, F16, F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, Value, VectorType
 from ..targets import TARGETS
+from .parts.emit import Emitter
+from .parts.shell import finish_kernel
 
 THREADS = 128
 TILE_M, TILE_N = 64, 128
@@ -53,23 +54,18 @@ def lower_sparse_gemm(dtype: str, target: str = "cuda") -> Kernel:
     t = TARGETS[target]
     if t.sparse_mma != (16, 8, 32):
         raise CompileError(f"{target}: no m16n8k32 sparse MMA; the sparse activation GEMM needs one")
-    kernel = _Lowering(dtype, target).lower()
-    verify(kernel)
-    return kernel
+    return _Lowering(dtype, target).lower()
 
 
-class _Lowering:
+class _Lowering(Emitter):
     def __init__(self, dtype: str, target: str) -> None:
+        super().__init__()
         self.target = TARGETS[target]
         self.act = F16 if dtype == "f16" else BF16
         self.dtype = dtype
-        self.b = Builder()
         self.frag_a = FragmentType("a", self.act, 16, 16)
         self.frag_b = FragmentType("b", self.act, 32, 8)
         self.frag_c = FragmentType("c", F32, 16, 8)
-
-    def op(self, name: str, a: Value, x: Value | int, hint: str = "v") -> Value:
-        return self.b.binary(name, a, x, hint=hint)
 
     def lower(self) -> Kernel:
         b = self.b
@@ -78,37 +74,33 @@ class _Lowering:
         lane, warp = b.index("lane"), b.index("warp")
         gx, gy = b.index("group_x"), b.index("group_y")
         self.lane = lane
-        self.pair = self.op("add", self.op("mul", gy, 2, hint="q"), self.op("div", warp, 2, hint="q"), hint="q")
-        self.nt0 = self.op("add", self.op("mul", gx, TILE_N // 8, hint="nt"),
-                           self.op("mul", self.op("rem", warp, 2, hint="nt"), WARP_N_TILES, hint="nt"), hint="nt")
-        self.pair_ok = self.op("lt", self.pair, s["PAIRS"], hint="qok")
-        self.n_ok = [self.op("lt", self.op("add", self.nt0, j, hint="ntj"), s["NT"], hint="nok")
+        self.pair = self.op2("add", self.op2("mul", gy, 2, hint="q"), self.op2("div", warp, 2, hint="q"), hint="q")
+        self.nt0 = self.op2("add", self.op2("mul", gx, TILE_N // 8, hint="nt"),
+                           self.op2("mul", self.op2("rem", warp, 2, hint="nt"), WARP_N_TILES, hint="nt"), hint="nt")
+        self.pair_ok = self.op2("lt", self.pair, s["PAIRS"], hint="qok")
+        self.n_ok = [self.op2("lt", self.op2("add", self.nt0, j, hint="ntj"), s["NT"], hint="nok")
                      for j in range(WARP_N_TILES)]
         zero = b.op("frag_zero", [], [self.frag_c], hint="z").result
         accs = [zero] * (2 * WARP_N_TILES)
-        first = self.fetch(b.const(0), self.op("lt", b.const(0), s["KT"], hint="has"))
-        kt = b.fresh("kt", U32)
-        carried_acc = [b.fresh("acc", self.frag_c) for _ in accs]
-        carried_ld = [b.fresh("ld", v.type) for v in first]
-        loop = b.op("for", [b.const(0), s["KT"], b.const(1), *accs, *first],
-                    [self.frag_c] * len(accs) + [v.type for v in first], hint="acc")
-        with b.region([kt, *carried_acc, *carried_ld]) as body:
-            loop.regions.append(body)
-            nxt = self.op("add", kt, 1, hint="nk")
-            fetched = self.fetch(nxt, self.op("lt", nxt, s["KT"], hint="has"))
-            new = self.compute(carried_acc, carried_ld)
-            b.yield_(*new, *fetched)
-        self.store(loop.results[:len(accs)])
+        first = self.fetch(b.const(0), self.op2("lt", b.const(0), s["KT"], hint="has"))
+
+        def body(kt: Value, groups: list[list[Value]]) -> list[Value]:
+            carried_acc, carried_ld = groups
+            nxt = self.op2("add", kt, 1, hint="nk")
+            fetched = self.fetch(nxt, self.op2("lt", nxt, s["KT"], hint="has"))
+            return [*self.compute(carried_acc, carried_ld), *fetched]
+
+        results = self.carried_for(0, s["KT"], 1, [("acc", accs), ("ld", first)], body, iv_hint="kt", hint="acc")
+        self.store(results[:len(accs)])
         c_rows, c_cols = self.target.lane_elements("c", 16, 8)  # type: ignore[misc]
         tables = [ConstTable("c_row", U32, tuple(int(v) for v in c_rows.ravel())),
                   ConstTable("c_col", U32, tuple(int(v) for v in c_cols.ravel()))]
-        return Kernel(
-            name=f"sparse_act_gemm_{self.dtype}", threads=THREADS,
-            grid=(GridDim("N", TILE_N), GridDim("P", TILE_M), GridDim(None)), body=b.blocks[0],
-            warp_size=self.target.warp_size,
+        return finish_kernel(
+            b, self.target, name=f"sparse_act_gemm_{self.dtype}", threads=THREADS,
+            grid=(GridDim("N", TILE_N), GridDim("P", TILE_M), GridDim(None)),
             buffers=[BufferParam("values", U32, "read"), BufferParam("meta", U32, "read"),
                      BufferParam("bp", U32, "read"), BufferParam("y", self.act, "write")],
-            scalars=[ScalarParam(n) for n in SCALARS], tables=tables,
+            scalars=SCALARS, tables=tables,
             attrs={"target": self.target.name, "kind": "sparse_act_gemm", "activation": self.dtype,
                    "tile": [TILE_M, TILE_N, 32], "layout": "cuda_mma_sp"})
 
@@ -118,21 +110,21 @@ class _Lowering:
         vec4 = VectorType(U32, 4)
         out = []
         for mt in (0, 1):
-            tile = self.op("add", self.op("mul", self.op("add", self.op("mul", self.pair, 2, hint="mt"), mt, hint="mt"),
+            tile = self.op2("add", self.op2("mul", self.op2("add", self.op2("mul", self.pair, 2, hint="mt"), mt, hint="mt"),
                                                 s["KT"], hint="at"), kt, hint="at")
-            idx = self.op("add", self.op("mul", tile, 128, hint="ai"), self.op("mul", self.lane, 4, hint="ai"), hint="ai")
-            ok = self.op("and", has, self.pair_ok, hint="aok")
+            idx = self.op2("add", self.op2("mul", tile, 128, hint="ai"), self.op2("mul", self.lane, 4, hint="ai"), hint="ai")
+            ok = self.op2("and", has, self.pair_ok, hint="aok")
             out.append(b.value("vload", [idx, ok], vec4, {"buffer": "values", "size": 4}, hint="aw"))
-        midx = self.op("add", self.op("mul", self.op("add", self.op("mul", self.pair, s["KT"], hint="mi"), kt, hint="mi"),
+        midx = self.op2("add", self.op2("mul", self.op2("add", self.op2("mul", self.pair, s["KT"], hint="mi"), kt, hint="mi"),
                                       32, hint="mi"), self.lane, hint="mi")
-        mok = self.op("and", has, self.pair_ok, hint="mok")
+        mok = self.op2("and", has, self.pair_ok, hint="mok")
         word = b.load("meta", midx, U32, pred=mok, hint="mw")
         out.append(b.select(mok, word, b.const(IDLE_META), hint="mw"))
-        row = self.op("mul", kt, s["NT"], hint="bt")
+        row = self.op2("mul", kt, s["NT"], hint="bt")
         for j in range(WARP_N_TILES):
-            tile = self.op("add", row, self.op("add", self.nt0, j, hint="bt"), hint="bt")
-            idx = self.op("add", self.op("mul", tile, 128, hint="bi"), self.op("mul", self.lane, 4, hint="bi"), hint="bi")
-            ok = self.op("and", has, self.n_ok[j], hint="bok")
+            tile = self.op2("add", row, self.op2("add", self.nt0, j, hint="bt"), hint="bt")
+            idx = self.op2("add", self.op2("mul", tile, 128, hint="bi"), self.op2("mul", self.lane, 4, hint="bi"), hint="bi")
+            ok = self.op2("and", has, self.n_ok[j], hint="bok")
             out.append(b.value("vload", [idx, ok], vec4, {"buffer": "bp", "size": 4}, hint="bw"))
         return out
 
@@ -160,13 +152,13 @@ class _Lowering:
         for j in range(WARP_N_TILES):
             for mt in (0, 1):
                 elems = b.value("frag_elems", [accs[j * 2 + mt]], VectorType(F32, per), hint="ce")
-                row0 = self.op("mul", self.op("add", self.op("mul", self.pair, 2, hint="r"), mt, hint="r"), 16, hint="r")
-                col0 = self.op("mul", self.op("add", self.nt0, j, hint="c"), 8, hint="c")
+                row0 = self.op2("mul", self.op2("add", self.op2("mul", self.pair, 2, hint="r"), mt, hint="r"), 16, hint="r")
+                col0 = self.op2("mul", self.op2("add", self.nt0, j, hint="c"), 8, hint="c")
                 for e in range(per):
-                    ti = self.op("add", self.op("mul", self.lane, per, hint="ti"), e, hint="ti")
-                    r = self.op("add", row0, b.value("table", [ti], U32, {"name": "c_row"}, hint="cr"), hint="r")
-                    c = self.op("add", col0, b.value("table", [ti], U32, {"name": "c_col"}, hint="cc"), hint="c")
-                    ok = self.op("and", self.op("lt", r, s["P"], hint="p"), self.op("lt", c, s["N"], hint="p"), hint="p")
+                    ti = self.op2("add", self.op2("mul", self.lane, per, hint="ti"), e, hint="ti")
+                    r = self.op2("add", row0, b.value("table", [ti], U32, {"name": "c_row"}, hint="cr"), hint="r")
+                    c = self.op2("add", col0, b.value("table", [ti], U32, {"name": "c_col"}, hint="cc"), hint="c")
+                    ok = self.op2("and", self.op2("lt", r, s["P"], hint="p"), self.op2("lt", c, s["N"], hint="p"), hint="p")
                     v = b.value("extract", [elems], F32, {"index": e}, hint="yv")
-                    b.store("y", self.op("add", self.op("mul", r, s["N"], hint="yi"), c, hint="yi"),
+                    b.store("y", self.op2("add", self.op2("mul", r, s["N"], hint="yi"), c, hint="yi"),
                             b.cast(v, self.act, hint="yv"), ok)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from ..activation.layout import ROW_TILE, ActivationLayout
 from ..activation.spec import SparsifySpec
-from ..ir import BF16, BOOL, F16, F32, U16, U32, BufferParam, ConstTable, GridDim, Kernel, ScalarParam, Value, verify
-from ..ir.builder import Builder
+from ..ir import BF16, BOOL, F16, F32, U16, U32, BufferParam, ConstTable, GridDim, Kernel, Value
 from ..targets import TARGETS
+from .parts.emit import Emitter
+from .parts.shell import finish_kernel
 
 #: Threads per threadgroup of a sparsify kernel.
 THREADS = 256
@@ -42,46 +43,38 @@ def launch_scalars(spec: SparsifySpec, layout: ActivationLayout, shape: tuple[in
 
 def lower_sparsify(spec: SparsifySpec, target: str) -> Kernel:
     """The sparsify kernel of `spec` for `target` (its layout decides where results go)."""
-    kernel = _SparsifyLowering(spec, target).lower()
-    verify(kernel)
-    return kernel
+    return _SparsifyLowering(spec, target).lower()
 
 
-class _SparsifyLowering:
+class _SparsifyLowering(Emitter):
     def __init__(self, spec: SparsifySpec, target: str) -> None:
+        super().__init__()
         self.spec = spec
         self.target = TARGETS[target]
         # The layout's kind is what matters here; its sizes come from launch scalars.
         self.layout = ActivationLayout(target, 1, 1)
         self.act = F16 if spec.dtype == "f16" else BF16
-        self.b = Builder()
 
     # ----- small helpers ---------------------------------------------------------------------
 
-    def c(self, v: int) -> Value:
-        return self.b.const(v)
-
     def f(self, v: float) -> Value:
         return self.b.const(v, F32)
-
-    def op(self, name: str, a: Value, x: Value | int | float, hint: str = "v") -> Value:
-        return self.b.binary(name, a, x, hint=hint)
 
     def sel(self, c: Value, a: Value, x: Value, hint: str = "v") -> Value:
         return self.b.select(c, a, x, hint=hint)
 
     def abs32(self, x: Value) -> Value:
         """|x| by clearing the sign bit: exact, and +0 for -0 (as numpy's abs)."""
-        bits = self.op("and", self.b.bitcast(x, U32, hint="xb"), 0x7FFFFFFF, hint="xb")
+        bits = self.op2("and", self.b.bitcast(x, U32, hint="xb"), 0x7FFFFFFF, hint="xb")
         return self.b.bitcast(bits, F32, hint="ax")
 
     def hash32(self, x: Value) -> Value:
         """lowbias32 (reference.lowbias32)."""
-        x = self.op("xor", x, self.op("shr", x, 16, hint="h"), hint="h")
-        x = self.op("mul", x, _HASH_MUL[0], hint="h")
-        x = self.op("xor", x, self.op("shr", x, 15, hint="h"), hint="h")
-        x = self.op("mul", x, _HASH_MUL[1], hint="h")
-        return self.op("xor", x, self.op("shr", x, 16, hint="h"), hint="h")
+        x = self.op2("xor", x, self.op2("shr", x, 16, hint="h"), hint="h")
+        x = self.op2("mul", x, _HASH_MUL[0], hint="h")
+        x = self.op2("xor", x, self.op2("shr", x, 15, hint="h"), hint="h")
+        x = self.op2("mul", x, _HASH_MUL[1], hint="h")
+        return self.op2("xor", x, self.op2("shr", x, 16, hint="h"), hint="h")
 
     def round_act(self, x: Value) -> Value:
         """x rounded to the activation type and held in f32 again."""
@@ -95,39 +88,37 @@ class _SparsifyLowering:
         self.s = s
         tid = b.index("tid")
         gx = b.index("group_x")
-        u = self.op("add", self.op("mul", gx, THREADS, hint="u"), tid, hint="u")
+        u = self.op2("add", self.op2("mul", gx, THREADS, hint="u"), tid, hint="u")
         if spec.axis == 1:   # threads along X's columns, looping down X's rows (S's rows)
-            h = self.op("rem", u, 2, hint="h")
-            kt = self.op("rem", self.op("div", u, 2, hint="q"), s["KT"], hint="kt")
-            q = self.op("div", u, self.op("mul", s["KT"], 2, hint="q"), hint="q")
-            g = self.op("rem", q, 8, hint="g")
-            block = self.op("div", q, 8, hint="blk")
+            h = self.op2("rem", u, 2, hint="h")
+            kt = self.op2("rem", self.op2("div", u, 2, hint="q"), s["KT"], hint="kt")
+            q = self.op2("div", u, self.op2("mul", s["KT"], 2, hint="q"), hint="q")
+            g = self.op2("rem", q, 8, hint="g")
+            block = self.op2("div", q, 8, hint="blk")
             loop_tiles = s["MT"]
         else:                # threads along X's columns (S's rows), looping down X's rows (S's K)
-            g = self.op("rem", u, 8, hint="g")
-            h = self.op("rem", self.op("div", u, 8, hint="q"), 2, hint="h")
-            q = self.op("div", u, 16, hint="q")
-            mt = self.op("rem", q, s["MT"], hint="mt")
-            block = self.op("div", q, s["MT"], hint="blk")
+            g = self.op2("rem", u, 8, hint="g")
+            h = self.op2("rem", self.op2("div", u, 8, hint="q"), 2, hint="h")
+            q = self.op2("div", u, 16, hint="q")
+            mt = self.op2("rem", q, s["MT"], hint="mt")
+            block = self.op2("div", q, s["MT"], hint="blk")
             loop_tiles = s["KT"]
         self.g, self.h = g, h
-        first = self.op("mul", block, TILES_PER_THREAD, hint="t0")
-        last = self.op("min", self.op("add", first, TILES_PER_THREAD, hint="t1"), loop_tiles, hint="t1")
+        first = self.op2("mul", block, TILES_PER_THREAD, hint="t0")
+        last = self.op2("min", self.op2("add", first, TILES_PER_THREAD, hint="t1"), loop_tiles, hint="t1")
         n_counts = 16 if spec.axis == 1 else 2
         inits = [self.c(0)] * (n_counts if spec.stats else 0)
-        active = self.op("lt", u, s["TASKS"], hint="act")
+        active = self.op2("lt", u, s["TASKS"], hint="act")
         first = self.sel(active, first, last, hint="t0")  # idle threads run no iteration
 
-        iv = b.fresh("t", U32)
-        carried = [b.fresh("zc", U32) for _ in inits]
-        loop = b.op("for", [first, last, self.c(1), *inits], [U32] * len(inits), hint="zs")
-        with b.region([iv, *carried]) as body:
-            loop.regions.append(body)
+
+        def body(iv: Value, groups: list[list[Value]]) -> list[Value]:
             tile_m, tile_k = (iv, kt) if spec.axis == 1 else (mt, iv)
-            counts = self.unit(tile_m, tile_k, carried)
-            b.yield_(*counts)
+            return self.unit(tile_m, tile_k, groups[0])
+
+        results = self.carried_for(first, last, 1, [("zc", inits)], body, iv_hint="t", hint="zs")
         if spec.stats:
-            self.publish_counts(loop.results, kt if spec.axis == 1 else mt)
+            self.publish_counts(results, kt if spec.axis == 1 else mt)
 
         buffers = [BufferParam("x", self.act, "read"), BufferParam("values", U32, "write"),
                    BufferParam("meta", U32, "write")]
@@ -137,10 +128,10 @@ class _SparsifyLowering:
         if self.layout.kind == "cuda_mma_sp":
             tables = [ConstTable("value_pair", U32, tuple(int(v) for v in self.layout.value_pair_table.ravel())),
                       ConstTable("meta_lane", U32, tuple(int(v) for v in self.layout.meta_lane_table.ravel()))]
-        return Kernel(
-            name=spec.name, threads=THREADS, grid=(GridDim("TASKS", THREADS), GridDim(None), GridDim(None)),
-            body=b.blocks[0], warp_size=self.target.warp_size, buffers=buffers,
-            scalars=[ScalarParam(n) for n in SCALARS], tables=tables,
+        return finish_kernel(
+            b, self.target, name=spec.name, threads=THREADS,
+            grid=(GridDim("TASKS", THREADS), GridDim(None), GridDim(None)), buffers=buffers,
+            scalars=SCALARS, tables=tables,
             attrs={"target": self.target.name, "kind": "sparsify", "method": spec.method,
                    "axis": spec.axis, "activation": spec.dtype, "relu2": int(spec.relu2),
                    "stats": int(spec.stats), "layout": self.layout.kind})
@@ -152,32 +143,32 @@ class _SparsifyLowering:
         counts = list(counts)
         word = self.c(0)
         for rowsel in (0, 1):
-            srow = self.op("add", self.op("mul", mt, ROW_TILE, hint="sr"),
-                           self.op("add", self.g, 8 * rowsel, hint="sr"), hint="sr")
-            row_ok = self.op("lt", srow, s["P"], hint="rok")
-            col0 = self.op("add", self.op("mul", kt, 32, hint="sc"), self.op("mul", self.h, 16, hint="sc"), hint="sc")
+            srow = self.op2("add", self.op2("mul", mt, ROW_TILE, hint="sr"),
+                           self.op2("add", self.g, 8 * rowsel, hint="sr"), hint="sr")
+            row_ok = self.op2("lt", srow, s["P"], hint="rok")
+            col0 = self.op2("add", self.op2("mul", kt, 32, hint="sc"), self.op2("mul", self.h, 16, hint="sc"), hint="sc")
             for j in range(4):
                 xs, oks = [], []
                 for i in range(4):
-                    scol = self.op("add", col0, 4 * j + i, hint="sc")
-                    ok = self.op("and", row_ok, self.op("lt", scol, s["L"], hint="cok"), hint="ok")
+                    scol = self.op2("add", col0, 4 * j + i, hint="sc")
+                    ok = self.op2("and", row_ok, self.op2("lt", scol, s["L"], hint="cok"), hint="ok")
                     r, c = (srow, scol) if spec.axis == 1 else (scol, srow)
-                    idx = self.op("add", self.op("mul", r, s["C"], hint="xi"), c, hint="xi")
+                    idx = self.op2("add", self.op2("mul", r, s["C"], hint="xi"), c, hint="xi")
                     x = b.cast(b.load("x", idx, self.act, pred=ok, hint="x"), F32, hint="xf")
                     if spec.relu2:
-                        x = self.op("max", x, 0.0, hint="rl")
-                        x = self.round_act(self.op("mul", x, x, hint="sq"))
+                        x = self.op2("max", x, 0.0, hint="rl")
+                        x = self.round_act(self.op2("mul", x, x, hint="sq"))
                     if spec.stats:
-                        zero = self.op("and", ok, self.op("eq", x, 0.0, hint="z"), hint="z")
+                        zero = self.op2("and", ok, self.op2("eq", x, 0.0, hint="z"), hint="z")
                         slot = 4 * j + i if spec.axis == 1 else rowsel
-                        counts[slot] = self.op("add", counts[slot], b.cast(zero, U32, hint="z"), hint="zc")
+                        counts[slot] = self.op2("add", counts[slot], b.cast(zero, U32, hint="z"), hint="zc")
                     xs.append(x)
                     oks.append(ok)
-                pair_index = self.op("add", self.op("mul", srow, s["HALF_L4"], hint="pi"),
-                                     self.op("div", self.op("add", col0, 4 * j, hint="pi"), 2, hint="pi"), hint="pi")
+                pair_index = self.op2("add", self.op2("mul", srow, s["HALF_L4"], hint="pi"),
+                                     self.op2("div", self.op2("add", col0, 4 * j, hint="pi"), 2, hint="pi"), hint="pi")
                 v0, v1, nibble = self.select_group(xs, pair_index)
                 self.store_pair(mt, kt, rowsel, j, v0, v1)
-                word = self.op("or", word, self.op("shl", nibble, 16 * rowsel + 4 * j, hint="nb"), hint="mw")
+                word = self.op2("or", word, self.op2("shl", nibble, 16 * rowsel + 4 * j, hint="nb"), hint="mw")
         self.store_meta(mt, kt, word)
         return counts
 
@@ -187,16 +178,16 @@ class _SparsifyLowering:
             return self.mvue(xs, pair_index)
         mags = [self.abs32(x) for x in xs]
         # beats[i][j] (i < j): x_j ranks above x_i (strictly larger; ties go to the lower index)
-        above = {(i, j): self.op("gt", mags[j], mags[i], hint="gt") for i in range(4) for j in range(i + 1, 4)}
+        above = {(i, j): self.op2("gt", mags[j], mags[i], hint="gt") for i in range(4) for j in range(i + 1, 4)}
         keep = []
         for i in range(4):
             terms = [self.b.cast(above[(i, j)], U32, hint="rk") for j in range(i + 1, 4)]
-            terms += [self.b.cast(self.op("xor", above[(j, i)], self.b.const(True, BOOL), hint="nb"), U32, hint="rk")
+            terms += [self.b.cast(self.op2("xor", above[(j, i)], self.b.const(True, BOOL), hint="nb"), U32, hint="rk")
                       for j in range(i)]
             rank = terms[0]
             for t in terms[1:]:
-                rank = self.op("add", rank, t, hint="rk")
-            keep.append(self.op("lt", rank, 2, hint="kp"))
+                rank = self.op2("add", rank, t, hint="rk")
+            keep.append(self.op2("lt", rank, 2, hint="kp"))
         # idx0: the first kept (0, 1 or 2); idx1: the last kept (3, 2 or 1)
         idx0 = self.sel(keep[0], self.c(0), self.sel(keep[1], self.c(1), self.c(2), hint="i0"), hint="i0")
         v0 = self.sel(keep[0], xs[0], self.sel(keep[1], xs[1], xs[2], hint="v0"), hint="v0")
@@ -204,27 +195,27 @@ class _SparsifyLowering:
         v1 = self.sel(keep[3], xs[3], self.sel(keep[2], xs[2], xs[1], hint="v1"), hint="v1")
         if self.spec.method == "soft_threshold":
             dropped = [self.sel(keep[i], self.f(0.0), mags[i], hint="dm") for i in range(4)]
-            t = self.op("max", self.op("max", dropped[0], dropped[1], hint="th"),
-                        self.op("max", dropped[2], dropped[3], hint="th"), hint="th")
-            v0, v1 = (self.sel(self.op("ge", v, 0.0, hint="sg"), self.op("sub", v, t, hint="sh"),
-                               self.op("add", v, t, hint="sh"), hint="st") for v in (v0, v1))
-        return v0, v1, self.op("or", idx0, self.op("shl", idx1, 2, hint="nb"), hint="nb")
+            t = self.op2("max", self.op2("max", dropped[0], dropped[1], hint="th"),
+                        self.op2("max", dropped[2], dropped[3], hint="th"), hint="th")
+            v0, v1 = (self.sel(self.op2("ge", v, 0.0, hint="sg"), self.op2("sub", v, t, hint="sh"),
+                               self.op2("add", v, t, hint="sh"), hint="st") for v in (v0, v1))
+        return v0, v1, self.op2("or", idx0, self.op2("shl", idx1, 2, hint="nb"), hint="nb")
 
     def mvue(self, xs: list[Value], pair_index: Value) -> tuple[Value, Value, Value]:
         vals, nib = [], self.c(0)
         for pair in (0, 1):
             a, c = xs[2 * pair], xs[2 * pair + 1]
             ma, mc = self.abs32(a), self.abs32(c)
-            total = self.op("add", ma, mc, hint="sm")
-            h = self.hash32(self.op("xor", self.op("add", pair_index, pair, hint="pi"), self.s["KEY"], hint="hk"))
-            u = self.op("mul", self.b.cast(self.op("shr", h, 8, hint="u"), F32, hint="u"), 2.0 ** -24, hint="u")
-            first = self.op("or", self.op("lt", self.op("mul", u, total, hint="us"), ma, hint="f"),
-                            self.op("eq", mc, 0.0, hint="f"), hint="f")
+            total = self.op2("add", ma, mc, hint="sm")
+            h = self.hash32(self.op2("xor", self.op2("add", pair_index, pair, hint="pi"), self.s["KEY"], hint="hk"))
+            u = self.op2("mul", self.b.cast(self.op2("shr", h, 8, hint="u"), F32, hint="u"), 2.0 ** -24, hint="u")
+            first = self.op2("or", self.op2("lt", self.op2("mul", u, total, hint="us"), ma, hint="f"),
+                            self.op2("eq", mc, 0.0, hint="f"), hint="f")
             chosen = self.sel(first, a, c, hint="ch")
-            vals.append(self.sel(self.op("lt", chosen, 0.0, hint="ng"), self.op("sub", self.f(0.0), total, hint="ng"),
+            vals.append(self.sel(self.op2("lt", chosen, 0.0, hint="ng"), self.op2("sub", self.f(0.0), total, hint="ng"),
                                  total, hint="mv"))
             idx = self.sel(first, self.c(2 * pair), self.c(2 * pair + 1), hint="ix")
-            nib = self.op("or", nib, self.op("shl", idx, 2 * pair, hint="nb"), hint="nb")
+            nib = self.op2("or", nib, self.op2("shl", idx, 2 * pair, hint="nb"), hint="nb")
         return vals[0], vals[1], nib
 
     # ----- stores ------------------------------------------------------------------------------
@@ -234,32 +225,32 @@ class _SparsifyLowering:
         # slot 0 in the low half (the A fragment's element order); integer packing prints the
         # same on every target
         lo, hi = (b.cast(b.bitcast(b.cast(v, self.act, hint="o"), U16, hint="ob"), U32, hint="ow") for v in (v0, v1))
-        word = self.op("or", lo, self.op("shl", hi, 16, hint="pw"), hint="pw")
-        r = self.op("add", self.g, 8 * rowsel, hint="r")        # row in tile
-        c = self.op("add", self.op("mul", self.h, 4, hint="cp"), j, hint="cp")  # pair in tile
+        word = self.op2("or", lo, self.op2("shl", hi, 16, hint="pw"), hint="pw")
+        r = self.op2("add", self.g, 8 * rowsel, hint="r")        # row in tile
+        c = self.op2("add", self.op2("mul", self.h, 4, hint="cp"), j, hint="cp")  # pair in tile
         if self.layout.kind == "cuda_mma_sp":
-            tile = self.op("add", self.op("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
-            inner = b.value("table", [self.op("add", self.op("mul", r, 8, hint="ti"), c, hint="ti")], U32,
+            tile = self.op2("add", self.op2("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
+            inner = b.value("table", [self.op2("add", self.op2("mul", r, 8, hint="ti"), c, hint="ti")], U32,
                             {"name": "value_pair"}, hint="vp")
-            idx = self.op("add", self.op("mul", tile, 128, hint="vi"), inner, hint="vi")
+            idx = self.op2("add", self.op2("mul", tile, 128, hint="vi"), inner, hint="vi")
         else:  # row-major [Pp, Lp / 2]: Lp / 4 words per row
-            row = self.op("add", self.op("mul", mt, ROW_TILE, hint="vr"), r, hint="vr")
-            col = self.op("add", self.op("mul", kt, 8, hint="vc"), c, hint="vc")
-            idx = self.op("add", self.op("mul", row, self.op("mul", self.s["KT"], 8, hint="ld"), hint="vi"), col, hint="vi")
+            row = self.op2("add", self.op2("mul", mt, ROW_TILE, hint="vr"), r, hint="vr")
+            col = self.op2("add", self.op2("mul", kt, 8, hint="vc"), c, hint="vc")
+            idx = self.op2("add", self.op2("mul", row, self.op2("mul", self.s["KT"], 8, hint="ld"), hint="vi"), col, hint="vi")
         b.store("values", idx, word)
 
     def store_meta(self, mt: Value, kt: Value, word: Value) -> None:
         b = self.b
         if self.layout.kind == "cuda_mma_sp":
-            tile = self.op("add", self.op("mul", self.op("div", mt, 2, hint="tp"), self.s["KT"], hint="tb"), kt, hint="tb")
-            sel = self.op("add", self.op("mul", self.op("rem", mt, 2, hint="F"), 16, hint="ml"),
-                          self.op("add", self.op("mul", self.g, 2, hint="ml"), self.h, hint="ml"), hint="ml")
+            tile = self.op2("add", self.op2("mul", self.op2("div", mt, 2, hint="tp"), self.s["KT"], hint="tb"), kt, hint="tb")
+            sel = self.op2("add", self.op2("mul", self.op2("rem", mt, 2, hint="F"), 16, hint="ml"),
+                          self.op2("add", self.op2("mul", self.g, 2, hint="ml"), self.h, hint="ml"), hint="ml")
             lane = b.value("table", [sel], U32, {"name": "meta_lane"}, hint="ln")
-            idx = self.op("add", self.op("mul", tile, 32, hint="mi"), lane, hint="mi")
+            idx = self.op2("add", self.op2("mul", tile, 32, hint="mi"), lane, hint="mi")
         else:
-            tile = self.op("add", self.op("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
-            idx = self.op("add", self.op("mul", tile, 16, hint="mi"),
-                          self.op("add", self.op("mul", self.g, 2, hint="mi"), self.h, hint="mi"), hint="mi")
+            tile = self.op2("add", self.op2("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
+            idx = self.op2("add", self.op2("mul", tile, 16, hint="mi"),
+                          self.op2("add", self.op2("mul", self.g, 2, hint="mi"), self.h, hint="mi"), hint="mi")
         b.store("meta", idx, word)
 
     def publish_counts(self, counts: list[Value], fixed_tile: Value) -> None:
@@ -267,18 +258,10 @@ class _SparsifyLowering:
         b = self.b
         for slot, count in enumerate(counts):
             if self.spec.axis == 1:   # X column = S column 32 kt + 16 h + slot
-                col = self.op("add", self.op("add", self.op("mul", fixed_tile, 32, hint="zc"),
-                                             self.op("mul", self.h, 16, hint="zc"), hint="zc"), slot, hint="zc")
+                col = self.op2("add", self.op2("add", self.op2("mul", fixed_tile, 32, hint="zc"),
+                                             self.op2("mul", self.h, 16, hint="zc"), hint="zc"), slot, hint="zc")
             else:                     # X column = S row 16 mt + g + 8 slot
-                col = self.op("add", self.op("mul", fixed_tile, ROW_TILE, hint="zc"),
-                              self.op("add", self.g, 8 * slot, hint="zc"), hint="zc")
-            ok = self.op("and", self.op("lt", col, self.s["C"], hint="zok"), self.op("ne", count, 0, hint="zok"), hint="zok")
-            then = b.op("if", [ok], [])
-            with b.region() as t_block:
-                then.regions.append(t_block)
-                b.op("atomic_add", [col, count], [U32], {"buffer": "colz"}, hint="old")
-                b.yield_()
-            with b.region() as e_block:
-                then.regions.append(e_block)
-                b.yield_()
-
+                col = self.op2("add", self.op2("mul", fixed_tile, ROW_TILE, hint="zc"),
+                              self.op2("add", self.g, 8 * slot, hint="zc"), hint="zc")
+            ok = self.op2("and", self.op2("lt", col, self.s["C"], hint="zok"), self.op2("ne", count, 0, hint="zok"), hint="zok")
+            self.guarded(ok, lambda: b.op("atomic_add", [col, count], [U32], {"buffer": "colz"}, hint="old"))

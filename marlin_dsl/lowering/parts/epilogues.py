@@ -1,0 +1,139 @@
+"""Epilogues: where the accumulators go after the K loop.
+
+- `SharedTileEpilogue` (seed pipelines): accumulators -> c_s -> a predicated copy to Y; and
+  the striped pipeline's reduction of K-slice partials by the last threadgroup to arrive.
+- `KWarpReduce` (weight stream): the k_warps warps' partial tiles added through shared memory.
+- `LaneStore` (multistage): each lane stores its own accumulator elements (`frag_elems`, the
+  target's C lane table says where they are).
+"""
+from __future__ import annotations
+
+from ...ir import F32, U32, Value, VectorType
+from .context import GemmParts, Tile
+
+
+class SharedTileEpilogue(GemmParts):
+    """Y through the threadgroup's c_s tile; Y's predicates and indices of a tile element."""
+
+    def epilogue(self, tile: Tile, accs: list[Value]) -> None:
+        """Accumulators -> c_s (rounded to the activation type) -> predicated copy to Y."""
+        b, s = self.b, self.s
+        mm, mn, _ = self.target.mma
+        for i in range(self.grid_m):
+            for j in range(self.grid_n):
+                row = self.op2("add", self.warp_m0, i * mm, hint="cr")
+                col = self.op2("add", self.warp_n0, j * mn, hint="cc")
+                off = self.op2("add", self.op2("mul", row, s.tile_n, hint="co"), col, hint="co")
+                b.op("frag_store", [accs[i * self.grid_n + j], off], attrs={"buffer": "c_s", "ld": s.tile_n})
+        b.barrier()
+        elems = s.tile_m * s.tile_n
+
+        def body(i: Value) -> None:
+            e = self.op2("add", self.op2("mul", i, self.threads, hint="e"), self.tid, hint="e")
+            pred = self.out_pred(tile, e)
+            value = b.load("c_s", e, self.act, self.in_tile(e, elems), hint="cv")
+            b.store("y", self.y_index(tile, e), value, pred)
+
+        self.counted_loop(-(-elems // self.threads), body, hint="ie")
+
+    def in_tile(self, e: Value, elems: int) -> Value | None:
+        return None if elems % self.threads == 0 else self.op2("lt", e, elems, hint="p")
+
+    def out_pred(self, tile: Tile, e: Value) -> Value:
+        s = self.s
+        gm = self.op2("add", tile.m0, self.op2("div", e, s.tile_n, hint="yr"), hint="ym")
+        gn = self.op2("add", tile.n0, self.op2("rem", e, s.tile_n, hint="yc"), hint="yn")
+        pred = self.op2("and", self.op2("lt", gm, self.M, hint="p"), self.op2("lt", gn, self.N, hint="p"), hint="p")
+        extra = self.in_tile(e, s.tile_m * s.tile_n)
+        return pred if extra is None else self.op2("and", pred, extra, hint="p")
+
+    def y_index(self, tile: Tile, e: Value) -> Value:
+        s = self.s
+        gm = self.op2("add", tile.m0, self.op2("div", e, s.tile_n, hint="yr"), hint="ym")
+        gn = self.op2("add", tile.n0, self.op2("rem", e, s.tile_n, hint="yc"), hint="yn")
+        return self.op2("add", self.op2("mul", gm, self.N, hint="yi"), gn, hint="yi")
+
+    def reduce(self, tile: Tile, tile_id: Value, P: int, is_first: Value) -> None:
+        """The last threadgroup at a tile sums the partials of all K slices into Y."""
+        b, s = self.b, self.s
+        elems = s.tile_m * s.tile_n
+        b.op("fence", attrs={"scope": "device"})
+
+        def body(i: Value) -> None:
+            e = self.op2("add", self.op2("mul", i, self.threads, hint="e"), self.tid, hint="e")
+            inside = self.in_tile(e, elems)
+            total = b.const(0.0, F32)
+            for sl in range(P):
+                idx = self.op2("add", self.op2("mul", self.op2("add", self.op2("mul", tile_id, P, hint="rp"), sl, hint="rp"), elems, hint="rp"), e, hint="rp")
+                total = self.op2("add", total, b.load("partials", idx, F32, inside, hint="pv"), hint="sum")
+            b.store("y", self.y_index(tile, e), b.cast(total, self.act, hint="yv"), self.out_pred(tile, e))
+
+        self.counted_loop(-(-elems // self.threads), body, hint="ir")
+        self.guarded(is_first, lambda: b.store("counters", tile_id, self.c(0)))
+
+
+class KWarpReduce(GemmParts):
+    """The weight stream's epilogue (needs `m0`, `nsub`, `msub` of the stream setup)."""
+
+    def reduce_and_store(self, accs: list[Value], wk: Value, wn: Value) -> None:
+        b, s = self.b, self.s
+        mm, mn, _ = self.target.mma
+        tile = s.tile_n * s.tile_m
+        base = self.op2("add", self.op2("mul", wk, tile, hint="rb"),
+                        self.op2("mul", self.op2("mul", wn, self.nsub * mm, hint="rb"), s.tile_m, hint="rb"), hint="rb")
+        for j in range(self.nsub):
+            for mt in range(self.msub):
+                off = self.op2("add", base, j * mm * s.tile_m + mt * mn, hint="ro") if (j or mt) else base
+                b.op("frag_store", [accs[j * self.msub + mt], off], attrs={"buffer": "red_s", "ld": s.tile_m})
+        b.barrier()
+        n0 = self.op2("mul", b.index("group_x"), s.tile_n, hint="n0")
+        tid = b.index("tid")
+        k_warps = self.pipeline.k_warps  # type: ignore[union-attr]
+
+        def body(i: Value) -> None:
+            e = self.op2("add", self.op2("mul", i, self.threads, hint="e"), tid, hint="e")
+            r, col = self.op2("rem", e, s.tile_n, hint="r"), self.op2("div", e, s.tile_n, hint="c")
+            inside = None if tile % self.threads == 0 else self.op2("lt", e, tile, hint="p")
+            src = self.op2("add", self.op2("mul", r, s.tile_m, hint="si"), col, hint="si")
+            total = None
+            for w in range(k_warps):
+                idx = self.op2("add", src, w * tile, hint="si") if w else src
+                part = b.load("red_s", idx, F32, inside, hint="pv")
+                total = part if total is None else self.op2("add", total, part, hint="sum")
+            gm, gn = self.op2("add", self.m0, col, hint="ym"), self.op2("add", n0, r, hint="yn")
+            pred = self.op2("and", self.op2("lt", gm, self.M, hint="p"), self.op2("lt", gn, self.N, hint="p"), hint="p")
+            if inside is not None:
+                pred = self.op2("and", pred, inside, hint="p")
+            y_idx = self.op2("add", self.op2("mul", gm, self.N, hint="yi"), gn, hint="yi")
+            b.store("y", y_idx, b.cast(total, self.act, hint="yv"), pred)  # type: ignore[arg-type]
+
+        self.counted_loop(-(-tile // self.threads), body, hint="ie")
+
+
+class LaneStore(GemmParts):
+    """The multistage epilogue (needs the stream setup's `n_tiles`, `m0`, `warp_m0` and the
+    C lane tables `c_row_off`, `c_col_off`)."""
+
+    def store_y(self, accs: list[Value]) -> None:
+        """Each lane stores its own accumulator elements: C row = N, C column = M."""
+        b = self.b
+        mm, mn, _ = self.target.mma
+        c_row0 = b.value("table", [self.lane], U32, {"name": "c_row0"}, hint="cr")
+        c_col0 = b.value("table", [self.lane], U32, {"name": "c_col0"}, hint="cc")
+        per = len(self.c_row_off)
+        for j in range(self.nsub):
+            n_lane = self.op2("add", self.op2("mul", self.n_tiles[j], mm, hint="yn"), c_row0, hint="yn")
+            for mt in range(self.msub):
+                m_lane = self.op2("add", self.op2("add", self.m0, self.op2("add", self.warp_m0, mt * mn, hint="ym"), hint="ym"),
+                                  c_col0, hint="ym")
+                elems = b.value("frag_elems", [accs[j * self.msub + mt]], VectorType(self.frag_c.elem, per), hint="ce")
+                for e in range(per):
+                    n = self.op2("add", n_lane, self.c_row_off[e], hint="yn") if self.c_row_off[e] else n_lane
+                    m = self.op2("add", m_lane, self.c_col_off[e], hint="ym") if self.c_col_off[e] else m_lane
+                    ok = self.op2("and", self.op2("lt", m, self.M, hint="p"), self.op2("lt", n, self.N, hint="p"), hint="p")
+                    v = b.value("extract", [elems], self.frag_c.elem, {"index": e}, hint="yv")
+                    b.store("y", self.op2("add", self.op2("mul", m, self.N, hint="yi"), n, hint="yi"),
+                            b.cast(v, self.act, hint="yv"), ok)
+
+
+__all__ = ["KWarpReduce", "LaneStore", "SharedTileEpilogue"]

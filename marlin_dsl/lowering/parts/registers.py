@@ -1,0 +1,100 @@
+"""Operand source of the weight stream: straight from device memory to registers. Each lane
+loads its weight vector (and sparse metadata) per N tile with one 128-bit load, a step or more
+ahead (`fetch`), and builds its activation B fragments from `vload`s of device memory (pairs, or
+runs with the layout's K shuffle). Needs the stream setup (`stream_family.py`)."""
+from __future__ import annotations
+
+from ...ir import U32, Value, VectorType
+from ..stream_layout import VECTOR_WORDS
+from .context import GemmParts
+
+
+class RegisterFetch(GemmParts):
+    """Global -> registers loads of the weight stream."""
+
+    def fetch(self, kv: Value) -> list[Value]:
+        """What step kv reads from device memory before it computes: every N tile's weight
+        vector, then (when prefetched) each tile's scales and zero points per row offset."""
+        out = [self.load_words(j, kv) for j in range(self.nsub)]
+        if self.sparse:
+            out += [self.load_meta(j, kv) for j in range(self.nsub)]
+        if self.prefetch_params:
+            out += self.fetch_params(kv)
+        return out
+
+    def unpack_fetched(self, fetched: list[Value]) -> tuple[list[Value], list[Value], list[dict] | None]:
+        """fetch's values back as (weight vectors, metadata, group parameters or None)."""
+        words = fetched[:self.nsub]
+        used = 2 * self.nsub if self.sparse else self.nsub
+        meta = fetched[self.nsub:used]
+        if not self.prefetch_params:
+            return words, meta, None
+        return words, meta, self.unpack_params(fetched[used:])
+
+    def load_meta(self, j: int, kv: Value) -> Value:
+        """One lane's sparse-MMA metadata words for N tile j and K vector kv (one per tile pair)."""
+        size = self.layout.meta_words
+        idx, pred = self.lane_slot(j, kv, size, "mi")
+        b = self.b
+        # Where the tile is absent the MMA still runs (its rows are never stored): give it the
+        # valid ordered positions (0, 1) in every group (0b0100 per field), not zeros, whose
+        # result is undefined on the hardware.
+        valid = b.const(0x44444444)
+        if size == 1:
+            return b.select(pred, b.load("meta", idx, U32, pred, hint="meta"), valid, hint="meta")
+        loaded = b.value("vload", [idx, pred], VectorType(U32, size), {"buffer": "meta", "size": size}, hint="meta")
+        return b.select(pred, loaded, b.value("vec", [valid] * size, VectorType(U32, size), hint="meta"), hint="meta")
+
+    def lane_slot(self, j: int, kv: Value, size: int, hint: str) -> tuple[Value, Value]:
+        """(index, exists) of this lane's `size` words for N tile j and K vector kv in an array
+        laid out [n_tile][k_vector][lane][size] (qweight; the sparse metadata)."""
+        pred = self.op2("and", self.op2("lt", kv, self.KV, hint="kok"), self.tile_ok[j], hint="vok")
+        slot = self.op2("add", self.op2("mul", self.n_tiles[j], self.KV, hint=hint), kv, hint=hint)
+        lane = self.op2("add", self.op2("mul", slot, self.layout.lanes, hint=hint), self.lane, hint=hint)
+        return self.op2("mul", lane, size, hint=hint), pred
+
+    def load_words(self, j: int, kv: Value) -> Value:
+        """One lane's vector of weight words for N tile j and K vector kv (0 where absent)."""
+        b = self.b
+        idx, pred = self.lane_slot(j, kv, VECTOR_WORDS, "wi")
+        return b.value("vload", [idx, pred], VectorType(U32, VECTOR_WORDS),
+                       {"buffer": "qweight", "size": VECTOR_WORDS}, hint="qw")
+
+    def x_row(self, mt: int, hint: str) -> tuple[Value, Value]:
+        """(this lane's activation row m < M, m * K) for M tile mt (m from the B lane table)."""
+        m = self.op2("add", self.op2("add", self.m0, mt * self.target.mma_n, hint="m"), self.b_n0, hint="m")
+        return self.op2("lt", m, self.M, hint="mok"), self.op2("mul", m, self.K, hint=hint)
+
+    def b_fragment(self, k_tile0: Value, mt: int) -> Value:
+        """The B fragment of X^T rows [k_tile0, +16), columns [m0 + 8 mt, +8): pairs of
+        adjacent activations along K, masked by M and K (K is even: see runtime.physical_arrays)."""
+        b = self.b
+        m_ok, row = self.x_row(mt, "xr")
+        lane_k = self.op2("add", k_tile0, self.b_k0, hint="k")
+        pairs = []
+        for i in range(0, len(self.b_k_off), 2):
+            k = self.op2("add", lane_k, self.b_k_off[i], hint="k") if self.b_k_off[i] else lane_k
+            pred = self.op2("and", m_ok, self.op2("lt", k, self.K, hint="kok"), hint="xok")
+            pairs.append(b.value("vload", [self.op2("add", row, k, hint="xi"), pred], VectorType(self.act, 2),
+                                 {"buffer": "x", "size": 2}, hint="xp"))
+        return b.value("frag_build", pairs, self.frag_b_stream, hint="fb")
+
+    def x_run(self, k_vec0: Value, mt: int) -> list[Value]:
+        """This lane's activations for the chunk at dense K k_vec0 and M tile mt, as vectors of
+        x_vec elements: original K [k_vec0 + x_run0, + x_run) of row m (zero outside M, K)."""
+        b = self.b
+        m_ok, row = self.x_row(mt, "xi")
+        start = self.op2("add", k_vec0, self.x_run0, hint="xk")
+        row = self.op2("add", row, start, hint="xi")
+        out = []
+        for i in range(self.layout.x_run // self.x_vec):
+            off = i * self.x_vec
+            k = self.op2("add", start, off, hint="xk") if off else start
+            pred = self.op2("and", m_ok, self.op2("lt", k, self.K, hint="kok"), hint="xok")
+            idx = self.op2("add", row, off, hint="xi") if off else row
+            out.append(b.value("vload", [idx, pred], VectorType(self.act, self.x_vec),
+                               {"buffer": "x", "size": self.x_vec}, hint="xv"))
+        return out
+
+
+__all__ = ["RegisterFetch"]

@@ -1,0 +1,191 @@
+"""The stream-layout family's shared parts (weight stream and multistage): both compute
+Y^T = W^T X^T with the weights as the MMA's A operand in the fragment-ordered layout
+(`stream_layout.py`). Here: the lane tables and layout facts (`init_stream`), the setup every
+such kernel starts with (thread indices, lane tables, tile indices, K vectors, which N tiles
+exist: `stream_setup`), the group parameters of a lane's rows, A fragments decoded pair by
+pair, B fragments from a lane's activation run, and one K step's MMAs over the layout's K
+tiles (`mma_k_tiles`)."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...errors import CompileError
+from ...formats import NMSparsity
+from ...ir import U32, ConstTable, FragmentType, Value
+from ..decode import encoding_tables
+from ..group_params import GroupValues
+from ..pair_decode import PairDecoder
+from ..stream_layout import StreamLayout, stream_layout
+from .context import GemmParts
+
+
+def lane_base_and_offsets(table: np.ndarray, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Split a lane table [lanes, elems] into base[lane] + offset[elem] (what every MMA layout
+    of the targets we know satisfies), so a kernel computes one per-lane base, once."""
+    base = table[:, 0]
+    offsets = table - base[:, None]
+    if not (offsets == offsets[0]).all():
+        raise CompileError(f"weight_stream: the target's {what} lane table is not a per-lane base "
+                           "plus per-element offsets")
+    return tuple(int(v) for v in base), tuple(int(v) for v in offsets[0])
+
+
+class StreamFamily(GemmParts):
+    """Lane tables, setup, decode and MMAs of the stream-layout pipelines."""
+
+    layout: StreamLayout
+
+    def init_stream(self) -> None:
+        """The layout and the lane tables (no IR emitted)."""
+        target = self.target
+        mm, mn, mk = target.mma
+        self.layout = stream_layout(self.fmt, target, self.s.location)
+        self.pairs = PairDecoder(self.b, self.fmt, self.act)
+        mm, mn, mk = target.mma
+        self.sparse = self.layout.sparse
+        self.tile_k_dense = self.layout.dense_tile_k
+        self.frag_b_stream = FragmentType("b", self.act, self.tile_k_dense, mn)
+        self.nsub = self.s.tile_n // self.s.warps_n // mm  # A tiles (16 N rows) per warp
+        self.msub = self.s.tile_m // self.s.warps_m // mn  # B tiles (8 M columns) per warp
+        a_rows, _ = target.lane_elements("a", mm, mk)  # type: ignore[misc]
+        b_k, b_n = target.lane_elements("b", self.tile_k_dense, mn)  # type: ignore[misc]
+        self.a_row_base, self.a_row_off = lane_base_and_offsets(a_rows, "A row")
+        #: with the layout's K shuffle each lane reads its activations as one run per chunk
+        self.x_perm = self.layout.k_perm is not None
+        if self.x_perm:
+            granule = self.fmt.k_granule & -self.fmt.k_granule  # largest power of two dividing it
+            self.x_vec = min(8, granule, self.layout.x_run)
+        self.b_k_base, self.b_k_off = lane_base_and_offsets(b_k, "B k")
+        self.b_n_base, self.b_n_off = lane_base_and_offsets(b_n, "B n")
+        pairs_ok = all(self.b_k_off[2 * i + 1] == self.b_k_off[2 * i] + 1 and
+                       self.b_n_off[2 * i + 1] == self.b_n_off[2 * i] for i in range(len(self.b_k_off) // 2))
+        if not pairs_ok or any(self.a_row_off[2 * i] != self.a_row_off[2 * i + 1] for i in range(len(self.a_row_off) // 2)):
+            raise CompileError("weight_stream: the target's fragments do not hold elements in "
+                               "(row, adjacent K) pairs")
+
+
+    def stream_setup(self, indices: Sequence[str], second: str, warp_tile_hint: str, clamp: bool) -> tuple[Value, Value]:
+        """Thread indices, lane tables, the warp's N tiles, K vectors and which tiles exist.
+        Warp w = second * warps_n + wn; returns (wn, second) (`second` names it: the weight
+        stream's K warp "wk", the multistage M warp "wm"). `clamp`: also the last N tile."""
+        b, s = self.b, self.s
+        mm = self.target.mma_m
+        self.ctx.emit_indices(*indices)
+        wn = self.op2("rem", self.warp, s.warps_n, hint="wn")
+        w2 = self.op2("div", self.warp, s.warps_n, hint=second)
+        self.a_row0 = b.value("table", [self.lane], U32, {"name": "a_row0"}, hint="ar")
+        self.b_k0 = b.value("table", [self.lane], U32, {"name": "b_k0"}, hint="bk")
+        self.b_n0 = b.value("table", [self.lane], U32, {"name": "b_n0"}, hint="bn")
+        if self.x_perm:
+            self.x_run0 = b.value("table", [self.lane], U32, {"name": "x_run0"}, hint="xr")
+        gx, gy = b.index("group_x"), b.index("group_y")
+        self.m0 = self.op2("mul", gy, s.tile_m, hint="m0")
+        self.block_nt0 = self.op2("mul", gx, s.tile_n // mm, hint="nt")
+        self.warp_tile0 = self.op2("mul", wn, self.nsub, hint=warp_tile_hint)  # the warp's first tile in the block
+        nt0 = self.op2("add", self.block_nt0, self.warp_tile0, hint="nt")
+        self.n_tiles = [self.op2("add", nt0, j, hint="nt") if j else nt0 for j in range(self.nsub)]
+        self.NT = self.ceil_div(self.N, mm)
+        if clamp:
+            self.last_tile = self.op2("sub", self.NT, 1, hint="lt")
+        sp = self.fmt.sparsity
+        stored_k = self.op2("mul", self.op2("div", self.K, sp.m, hint="sk"), sp.n, hint="sk") \
+            if isinstance(sp, NMSparsity) else self.K
+        self.KV = self.ceil_div(stored_k, self.layout.chunk)
+        self.tile_ok = [self.op2("lt", nt, self.NT, hint="ntok") for nt in self.n_tiles]
+        g = self.fmt.scale.group_size
+        # Scales change at most once per vector when groups cover whole vectors: then they
+        # are fetched a step ahead, instead of stalling every step.
+        self.prefetch_params = g == "K" or int(g) % self.layout.dense_chunk == 0
+        return wn, w2
+
+    def stream_tables(self, extra: Sequence[ConstTable] = ()) -> list[ConstTable]:
+        """The format's tables, the lane tables, `extra`, and the run starts (with the K shuffle)."""
+        tables = encoding_tables(self.fmt, "") + [
+            ConstTable("a_row0", U32, self.a_row_base), ConstTable("b_k0", U32, self.b_k_base),
+            ConstTable("b_n0", U32, self.b_n_base), *extra]
+        if self.x_perm:
+            tables.append(ConstTable("x_run0", U32, self.layout.x_run_start))
+        return tables
+
+    def fetch_params(self, kv: Value) -> list[Value]:
+        """Step kv's group parameters of every N tile and row offset, flat."""
+        k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+        out: list[Value] = []
+        for j in range(self.nsub):
+            for params in self.row_params(j, k_vec0).values():
+                out += params.flat()
+        return out
+
+    def unpack_params(self, flat) -> list[dict[int, GroupValues]]:
+        """fetch_params' flat values back as [N tile]{row offset: GroupValues}."""
+        rest = iter(flat)
+        group_params = self.pairs.scalar.params
+        return [{off: group_params.unflatten(rest) for off in sorted(set(self.a_row_off))}
+                for _ in range(self.nsub)]
+
+    def row_params(self, j: int, k_tile0: Value) -> dict[int, GroupValues]:
+        """Group parameters of each distinct A row offset of this lane, for the group holding
+        dense K position k_tile0."""
+        g = self.fmt.scale.group_size
+        group = self.c(0) if g == "K" else self.op2("div", k_tile0, int(g), hint="grp")
+        exists = self.op2("lt", k_tile0, self.K, hint="gok")
+        out = {}
+        for off in sorted(set(self.a_row_off)):
+            n = self.op2("add", self.op2("mul", self.n_tiles[j], self.target.mma_m, hint="n"), self.a_row0, hint="n")
+            n = self.op2("add", n, off, hint="n") if off else n
+            pred = self.op2("and", exists, self.op2("lt", n, self.N, hint="nok"), hint="sok")
+            gidx = self.op2("add", self.op2("mul", group, self.N, hint="gi"), n, hint="gi")
+            out[off] = self.pairs.scalar.params.load(gidx, pred)
+        return out
+
+    def b_fragment_from_run(self, run: list[Value], tile: int) -> Value:
+        """Tile `tile`'s B fragment: elements tile*E .. tile*E + E-1 of the lane's run."""
+        b = self.b
+        per = len(self.b_k_off)
+        elems = []
+        for e in range(per):
+            pos = tile * per + e
+            vec = run[pos // self.x_vec]
+            elems.append(vec if self.x_vec == 1 else
+                         b.value("extract", [vec], self.act, {"index": pos % self.x_vec}, hint="xe"))
+        return b.value("frag_build", elems, self.frag_b_stream, hint="fb")
+
+    def mma_k_tiles(self, accs: list[Value], words: list[Value], meta: list[Value],
+                    b_frags_for: Callable[[int], list[Value]],
+                    params_for: Callable[[int, int], dict[int, GroupValues]]) -> list[Value]:
+        """One K step's MMAs: per K tile of the layout, the B fragments (`b_frags_for(tile)`),
+        then per N tile j its A fragment (decoded with `params_for(j, tile)`) times each B."""
+        b, lay = self.b, self.layout
+        new = list(accs)
+        for s_ in range(lay.tiles):
+            b_frags = b_frags_for(s_)
+            for j in range(self.nsub):
+                a = self.a_fragment(words[j], s_, params_for(j, s_))
+                if self.sparse:
+                    m_word = meta[j] if lay.meta_words == 1 else \
+                        b.value("extract", [meta[j]], U32, {"index": s_ // 2}, hint="mw")
+                for mt in range(self.msub):
+                    i = j * self.msub + mt
+                    if self.sparse:  # tile pairs share a metadata word: selector = tile parity
+                        new[i] = b.value("mma_sp", [a, b_frags[mt], new[i], m_word], self.frag_c,
+                                         {"selector": s_ % 2}, hint="acc")
+                    else:
+                        new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
+        return new
+
+    def a_fragment(self, words: Value, tile: int, params: dict[int, GroupValues]) -> Value:
+        """K tile `tile`'s A fragment, decoded pair by pair from a lane's vector of words with
+        the group parameters of each row offset."""
+        b, lay = self.b, self.layout
+        pairs_per_tile = lay.per_lane // 2
+        parts = []
+        for p_ in range(pairs_per_tile):
+            word, shift = lay.pair_slot(tile * pairs_per_tile + p_)
+            w = b.value("extract", [words], U32, {"index": word}, hint="w")
+            parts.append(self.pairs.dequant(w, shift, params[self.a_row_off[2 * p_]]))
+        return b.value("frag_build", parts, self.frag_a, hint="fa")
+
+
+__all__ = ["StreamFamily", "lane_base_and_offsets"]

@@ -1,0 +1,84 @@
+"""Lowering of the weight-stream pipeline (`WeightStream`, marlin_dsl/pipelines/weight_stream.py)
+to kernel IR, assembled from parts: the stream setup and MMAs (`parts/stream_family.py`),
+global-to-register loads (`parts/registers.py`), the k-warps reduction (`parts/epilogues.py`).
+
+Y^T[N, M] = W^T[N, K] X^T[K, M]: the MMA's A operand is a 16 x 16 tile of W^T (N rows,
+stored-K columns), B a 16 x 8 tile of X^T (K rows, M columns), C a 16 x 8 tile of Y^T.
+
+Threadgroup (group_x, group_y) owns N rows [n0, n0 + tile_n) and M columns
+[m0, m0 + tile_m). Warp w = wk * warps_n + wn owns N tiles of its `wn` slice and K vectors
+wk, wk + k_warps, ... (one vector = one 128-bit load per lane = `layout.tiles` K tiles of
+A). Per step the warp:
+
+1. issues the next step's weight loads (carried through the loop: register double buffering),
+2. loads each lane's scales (and zero points) for its two fragment rows,
+3. builds the B fragments of X^T from pairs of activations (`vload` of 2, masked by M and K),
+4. decodes its A fragments pair by pair (`PairDecoder`) and runs the MMAs.
+
+Then every warp stores its accumulators to shared memory and the threadgroup adds the k_warps
+partial tiles and writes Y (rounded once). Which lane holds which element comes from the
+target's lane tables (`Target.lane_elements`); the weights were laid out to match at pack time
+(`stream_layout.py`).
+"""
+from __future__ import annotations
+
+from ..ir import F32, Kernel, SharedArray, Value
+from .parts.context import GemmContext
+from .parts.epilogues import KWarpReduce
+from .parts.registers import RegisterFetch
+from .parts.shell import gemm_buffers, gemm_kernel
+from .parts.stream_family import StreamFamily
+from .stream_layout import LAYOUT_NAME
+
+
+class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
+    def __init__(self, ctx: GemmContext) -> None:
+        super().__init__(ctx)
+        self.init_stream()
+
+    def lower(self) -> Kernel:
+        s, p = self.s, self.pipeline
+        wn, wk = self.stream_setup(("lane", "warp"), "wk", "nt", clamp=False)
+        depth = p.depth  # steps whose loads are in flight while one computes
+        sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * p.k_warps, hint="pk")) for d in range(depth)]
+        first = [v for fetched in sets for v in fetched]
+        per_set = len(sets[0])
+        accs = self.ctx.zero_accumulators(self.nsub * self.msub)
+
+        def body(iv: Value, groups: list[list[Value]]) -> list[Value]:
+            carried_fetch, carried_accs = groups
+            ahead = self.op2("add", iv, depth * p.k_warps, hint="nx")
+            prefetched = self.fetch(ahead)
+            new_accs = self.step(iv, carried_fetch[:per_set], carried_accs)
+            return [*carried_fetch[per_set:], *prefetched, *new_accs]
+
+        results = self.carried_for(wk, self.KV, p.k_warps, [("pf", first), ("acc", accs)], body,
+                                   iv_hint="kv", hint="fin")
+        self.reduce_and_store(results[len(first):], wk, wn)
+        return gemm_kernel(
+            self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
+            shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m)],
+            attrs={"k_warps": p.k_warps, "weight_layout": LAYOUT_NAME},
+            memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)")
+
+    def step(self, kv: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
+        """One K vector: B fragments from device memory, A decoded from the fetched words."""
+        mk = self.tile_k_dense
+        k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+        words, meta, params = self.unpack_fetched(fetched)
+        runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
+        k_tile: dict[int, Value] = {}
+
+        def b_frags_for(s_: int) -> list[Value]:
+            k_tile[s_] = k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
+            if runs is not None:
+                return [self.b_fragment_from_run(run, s_) for run in runs]
+            return [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]
+
+        def params_for(j: int, s_: int) -> dict:
+            return params[j] if params is not None else self.row_params(j, k_tile[s_])
+
+        return self.mma_k_tiles(accs, words, meta, b_frags_for, params_for)
+
+
+__all__ = ["WeightStreamLowering"]

@@ -1,0 +1,47 @@
+"""The multistage pipeline (`Multistage`, CUDA, large M): the stream layout's weights and the
+activation tile copied into shared memory asynchronously, several K steps in flight. Lowered by
+`lowering/multistage.py`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import ScheduleError
+from ..formats import Format
+from ..targets import Target
+from .base import ScheduleShape, is_positive_int, register_pipeline
+from .weight_stream import check_stream
+
+
+@register_pipeline
+@dataclass(frozen=True)
+class Multistage:
+    """Marlin's large-M mode: the weight-stream product and physical layout (Y^T = W^T X^T,
+    weights as the MMA's A operand, each lane's fragments for several K tiles in one 128-bit
+    vector), with the threadgroup's weight vectors and its activation tile copied into shared
+    memory asynchronously, `stages` K steps in flight (cp.async groups on CUDA). Each warp
+    decodes its A fragments once per K tile and reuses them across all its M tiles, so large
+    tiles amortise the decode; activations are read from shared memory as each lane's
+    contiguous run (the layout's K shuffle) instead of once per N tile from device memory.
+
+    Schedule fields: tile_n N rows and tile_m M rows per threadgroup, split over warps_n x
+    warps_m warps (tile_n/warps_n a multiple of the MMA's M, tile_m/warps_m of its N), tile_k
+    the dense K of one step (the layout's vector chunk)."""
+
+    stages: int = 3
+    kind: Literal["multistage"] = "multistage"
+
+    def validate(self, schedule: ScheduleShape) -> None:
+        if not is_positive_int(self.stages) or not 2 <= self.stages <= 8:
+            raise ScheduleError(f"schedule {schedule.name!r}: multistage stages must be an integer "
+                                f"2..8 (K steps in flight plus the one computing), got {self.stages!r}",
+                                schedule.location)
+
+    def warps(self, schedule: ScheduleShape) -> int:
+        return schedule.warps_m * schedule.warps_n
+
+    def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
+        check_stream(schedule, self.kind, fmt, target)
+
+
+__all__ = ["Multistage"]

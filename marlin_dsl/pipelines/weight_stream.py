@@ -1,0 +1,78 @@
+"""The weight-stream pipeline (`WeightStream`, CUDA, small M) and the checks it shares with
+`Multistage` (both read the weights in the fragment-ordered stream layout). Lowered by
+`lowering/weight_stream.py`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import ScheduleError
+from ..formats import Format
+from ..lowering.stream_layout import stream_layout
+from ..targets import Target
+from .base import ScheduleShape, register_pipeline, require_positive
+
+
+def check_stream(schedule: ScheduleShape, kind: str, fmt: Format, target: Target) -> None:
+    """What the stream layout asks of a schedule: warp tiles of whole MMA tiles (N as the MMA's
+    M, M as its N), K steps of one vector load per lane, scale groups of whole K tiles."""
+    where, name = schedule.location, schedule.name
+    layout = stream_layout(fmt, target, where)
+    rows_per_warp = schedule.tile_n // schedule.warps_n
+    if rows_per_warp % layout.tile_rows:
+        raise ScheduleError(
+            f"schedule {name!r}: {kind} gives each warp tile_n/warps_n = "
+            f"{rows_per_warp} N rows, not a multiple of {target.name}'s MMA M {layout.tile_rows}", where)
+    cols_per_warp = schedule.tile_m // schedule.warps_m
+    if cols_per_warp % target.mma_n:
+        raise ScheduleError(
+            f"schedule {name!r}: {kind} gives each warp tile_m/warps_m = {cols_per_warp} "
+            f"M rows, not a multiple of {target.name}'s MMA N {target.mma_n}", where)
+    dense_chunk = layout.dense_chunk
+    if schedule.tile_k != dense_chunk:
+        raise ScheduleError(
+            f"schedule {name!r}: {kind} steps K by one vector load per lane, "
+            f"{dense_chunk} positions for format {fmt.name!r} on {target.name}: set "
+            f"tile_k={dense_chunk}, not {schedule.tile_k}", where)
+    g = fmt.scale.group_size
+    tile_dense = layout.dense_tile_k
+    if g != "K" and int(g) % tile_dense:
+        raise ScheduleError(
+            f"schedule {name!r}: {kind} needs scale groups that cover whole MMA "
+            f"K tiles ({tile_dense}); format {fmt.name!r} has group_size {g}", where)
+
+
+@register_pipeline
+@dataclass(frozen=True)
+class WeightStream:
+    """Marlin's idea for small M: weights never touch shared memory. The product is computed
+    transposed (Y^T = W^T X^T) so the weights are the MMA's A operand; the target lays the
+    packed weights out in fragment order at pack time (`lowering/stream_layout.py`), each lane
+    fetches its fragments for several K tiles with one 128-bit load (the next step's load is
+    issued before this step's decode), decodes them in registers two at a time, and takes the
+    activations' B fragments straight from device memory. The `k_warps` warps of a threadgroup
+    split K and add their partial tiles through shared memory at the end.
+
+    Schedule fields: tile_n N rows per threadgroup (warps_n warps side by side, each a
+    multiple of the MMA's M), tile_m M columns (a multiple of the MMA's N), tile_k the dense K
+    of one step (must equal the layout's vector chunk), warps_m 1."""
+
+    k_warps: int = 4
+    depth: int = 1  # steps fetched ahead of the one computing (registers per extra step: ~6)
+    kind: Literal["weight_stream"] = "weight_stream"
+
+    def validate(self, schedule: ScheduleShape) -> None:
+        require_positive(schedule, "weight_stream", self, ("k_warps", "depth"))
+        if schedule.warps_m != 1:
+            raise ScheduleError(f"schedule {schedule.name!r}: weight_stream splits N and K among "
+                                f"warps, not M: warps_m must be 1, got {schedule.warps_m}", schedule.location)
+
+    def warps(self, schedule: ScheduleShape) -> int:
+        """k_warps warps split K beside each warp tile."""
+        return schedule.warps_m * schedule.warps_n * self.k_warps
+
+    def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
+        check_stream(schedule, self.kind, fmt, target)
+
+
+__all__ = ["WeightStream", "check_stream"]
