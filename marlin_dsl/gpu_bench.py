@@ -671,7 +671,8 @@ def _host_copy(mx, a):
 def _schedule(fmt, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
     from math import lcm
 
-    from .schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel, stream_schedule
+    from .schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel
+    from .targets.cuda.tuning import stream_schedule
 
     if pipeline == "weight_stream":  # its schedule depends on M (stream_schedule's buckets)
         return stream_schedule(fmt, m, None, k, n)
@@ -872,7 +873,7 @@ class MLXRunner:
             fmt = builtin_format(fmt_name)
             gemm = Gemm(f"bench_{fmt_name}_{pipeline}_f16", fmt, schedule, activation="f16")
             if self.backend == "cuda":
-                from .backends.cuda_launch import build_cuda_kernel
+                from .targets.cuda.launch import build_cuda_kernel
 
                 self._gemms[key] = build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
             else:
@@ -912,7 +913,7 @@ def _cuda_launch(mx, gemm, copies, x, m: int, n: int, k: int) -> Callable[[int],
     """launch(i): one launch of a CudaGemm on weight copy i, everything but the launch itself
     prepared here (dims, zeroed counters: one per launch slot of a batch; the kernel leaves
     them zero and every batch is evaluated before the next is queued)."""
-    from .backends.cuda_launch import _mx_dtype
+    from .targets.cuda.launch import _mx_dtype
 
     s = gemm.source
     scalars = {"M": m, "N": n, "K": k}
@@ -944,7 +945,7 @@ def _metal_launcher(compiled):
     import importlib.util
     import tempfile
 
-    from .emit import write_metal_kernel
+    from .targets.metal.ship import write_metal_kernel
 
     folder = Path(tempfile.mkdtemp(prefix="marlin_bench_"))
     files = write_metal_kernel(compiled, None, folder)

@@ -25,8 +25,6 @@ THREADS = 128
 TILE_M, TILE_N = 64, 128
 WARP_N_TILES = 8
 SCALARS = ("P", "N", "KT", "PAIRS", "NT")
-#: A valid metadata word (every nibble 0b0100) for tile pairs past the end of S.
-IDLE_META = 0x44444444
 
 
 def b_lane_order(target: str) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +108,7 @@ class _Lowering:
                      BufferParam("bp", U32, "read"), BufferParam("y", self.act, "write")],
             scalars=[ScalarParam(n) for n in SCALARS], tables=tables,
             attrs={"target": self.target.name, "kind": "sparse_act_gemm", "activation": self.dtype,
-                   "tile": [TILE_M, TILE_N, 32], "layout": "cuda_mma_sp"})
+                   "tile": [TILE_M, TILE_N, 32], "layout": self.target.sparse_activation_layout})
 
     def fetch(self, kt: Value, has: Value) -> list[Value]:
         """K step kt's loads: [A words of tile 0, tile 1, metadata word, B words x 8]."""
@@ -127,7 +125,7 @@ class _Lowering:
                                       32, hint="mi"), self.lane, hint="mi")
         mok = self.op("and", has, self.pair_ok, hint="mok")
         word = b.load("meta", midx, U32, pred=mok, hint="mw")
-        out.append(b.select(mok, word, b.const(IDLE_META), hint="mw"))
+        out.append(b.select(mok, word, b.const(self.target.sparse_idle_metadata), hint="mw"))
         row = self.op("mul", kt, s["NT"], hint="bt")
         for j in range(WARP_N_TILES):
             tile = self.op("add", row, self.op("add", self.nt0, j, hint="bt"), hint="bt")

@@ -134,7 +134,7 @@ class _SparsifyLowering:
         if spec.stats:
             buffers.append(BufferParam("colz", U32, "readwrite"))
         tables = []
-        if self.layout.kind == "cuda_mma_sp":
+        if self.layout.fragment_order:
             tables = [ConstTable("value_pair", U32, tuple(int(v) for v in self.layout.value_pair_table.ravel())),
                       ConstTable("meta_lane", U32, tuple(int(v) for v in self.layout.meta_lane_table.ravel()))]
         return Kernel(
@@ -237,7 +237,7 @@ class _SparsifyLowering:
         word = self.op("or", lo, self.op("shl", hi, 16, hint="pw"), hint="pw")
         r = self.op("add", self.g, 8 * rowsel, hint="r")        # row in tile
         c = self.op("add", self.op("mul", self.h, 4, hint="cp"), j, hint="cp")  # pair in tile
-        if self.layout.kind == "cuda_mma_sp":
+        if self.layout.fragment_order:
             tile = self.op("add", self.op("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
             inner = b.value("table", [self.op("add", self.op("mul", r, 8, hint="ti"), c, hint="ti")], U32,
                             {"name": "value_pair"}, hint="vp")
@@ -250,7 +250,7 @@ class _SparsifyLowering:
 
     def store_meta(self, mt: Value, kt: Value, word: Value) -> None:
         b = self.b
-        if self.layout.kind == "cuda_mma_sp":
+        if self.layout.fragment_order:
             tile = self.op("add", self.op("mul", self.op("div", mt, 2, hint="tp"), self.s["KT"], hint="tb"), kt, hint="tb")
             sel = self.op("add", self.op("mul", self.op("rem", mt, 2, hint="F"), 16, hint="ml"),
                           self.op("add", self.op("mul", self.g, 2, hint="ml"), self.h, hint="ml"), hint="ml")
