@@ -10,7 +10,7 @@ fragment layouts, physical weight layouts, tuned tile tables) lives there; code 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -134,9 +134,11 @@ class Source(Protocol):
 Printer = Callable[[Any], Source]
 
 
+@runtime_checkable
 class Launcher(Protocol):
-    """What a target's launcher offers: made from a compiled kernel (`build(kernel)`), called
-    with the packed weights and the activations, returning y [M, N] as an MLX array."""
+    """What a target's launcher offers: made from a compiled kernel (`TargetRuntime.launcher`),
+    called with the packed weights and the activations x [M, K], returning y [M, N] as an MLX
+    array (`targets/cuda/launch.py`, `targets/metal/launch.py`)."""
 
     def __call__(self, weights: Any, x: Any) -> Any: ...
 
@@ -220,6 +222,8 @@ class TargetRuntime(Protocol):
     native_check: NativeCheck | None
 
     def ship(self, compiled: Any, spec_path: Any, out_dir: Any) -> Shipped: ...
+
+    def launcher(self, kernel: Any) -> Launcher: ...
 
     def layer_layout(self, fmt: Any, k: int, n: int) -> str | None: ...
 

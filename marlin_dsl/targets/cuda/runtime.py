@@ -20,6 +20,7 @@ import numpy as np
 from ...compiler import CompiledGemm, compile_gemm
 from ...errors import ScheduleError
 from ...formats import Format, PackedWeights
+from ...ir.core import Kernel
 from ...ir.text import print_kernel
 from ...lowering.stream_layout import LAYOUT_NAME, stream_layout
 from ...schedule import Gemm, Schedule, default_schedule
@@ -101,6 +102,10 @@ class CudaRuntime:
     def ship(self, compiled: CompiledGemm, spec_path: Path | None, out_dir: Path | None) -> Shipped:
         """With `out_dir`, the kernel's files (`write_cuda_kernel`); without, nothing is printed."""
         return Shipped(None, [] if out_dir is None else write_cuda_kernel(compiled, out_dir))
+
+    def launcher(self, kernel: Kernel) -> CudaGemm:
+        """The in-process launcher of a compiled GEMM kernel (the `Launcher` protocol)."""
+        return build_cuda_kernel(kernel)
 
     def layer_layout(self, fmt: Format, k: int, n: int) -> str | None:
         """The weight-stream layout where the format has one (its kernels read it), else the

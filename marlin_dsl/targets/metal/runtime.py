@@ -14,10 +14,12 @@ from types import ModuleType
 from ...compiler import CompiledGemm, compile_gemm
 from ...formats import Format
 from ...formats.text import format_to_text
+from ...ir.core import Kernel
 from ...schedule import Gemm, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .cpu_harness import CompiledMetal, compile_metal, find_compiler
 from .description import METAL
+from .launch import MetalGemm, build_metal_kernel
 from .printer import print_metal
 from .ship import metal_text, write_metal_kernel
 
@@ -76,6 +78,10 @@ class MetalRuntime:
             return Shipped(metal_text(print_metal(compiled.kernel), compiled, spec_path))
         files = write_metal_kernel(compiled, spec_path, out_dir)
         return Shipped(files["metal"].read_text(), list(files.values()))
+
+    def launcher(self, kernel: Kernel) -> MetalGemm:
+        """The in-process launcher of a compiled GEMM kernel (the `Launcher` protocol)."""
+        return build_metal_kernel(kernel)
 
     def layer_layout(self, fmt: Format, k: int, n: int) -> str | None:
         return None  # the Metal kernels read the format's own layout
