@@ -73,7 +73,7 @@ def problem_shapes(quick: bool) -> list[tuple[int, int, int]]:
 
 def load_kernels(args, log: Log) -> list[dict]:
     """[{name, format, group_size, pipeline, activation, source}] from --kernels or compiled here."""
-    from marlin_dsl.backends.cuda import CudaSource
+    from marlin_dsl.targets.cuda.printer import CudaSource
 
     entries = []
     if args.kernels:
@@ -106,8 +106,8 @@ def load_kernels(args, log: Log) -> list[dict]:
 
     import marlin_dsl as md
     from marlin_dsl import CUDA, Gemm, Schedule
-    from marlin_dsl.backends.cuda import print_cuda
-    from marlin_dsl.backends.cuda_launch import gemm_inout_inputs
+    from marlin_dsl.targets.cuda.printer import print_cuda
+    from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
     from marlin_dsl.compiler import compile_gemm as _compile
 
     for fmt_name in args.formats or list(md.BUILTIN_FORMATS):
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"MLX {mx.__version__} has no CUDA backend here (mx.cuda.is_available() is false)")
         return 2
     import marlin_dsl as md
-    from marlin_dsl.backends.cuda_launch import build_cuda_kernel
+    from marlin_dsl.targets.cuda.launch import build_cuda_kernel
     from marlin_dsl.formats import dequantize
     from marlin_dsl.runtime import round_to_activation
     from marlin_dsl.verify import sample_weights

@@ -42,10 +42,11 @@ def main() -> int:
     import mlx.core as mx
 
     from marlin_dsl import builtin_format, pack, reference_matmul
-    from marlin_dsl.backends.cuda_launch import build_cuda_kernel
+    from marlin_dsl.targets.cuda.launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.benchmarks import kernel_time
-    from marlin_dsl.schedule import Gemm, Multistage, Schedule, stream_schedule
+    from marlin_dsl.schedule import Gemm, Multistage, Schedule
+    from marlin_dsl.targets.cuda.tuning import stream_schedule
     from marlin_dsl.targets import CUDA
 
     rng = np.random.default_rng(0)

@@ -62,9 +62,9 @@ def subjects(args):
     import mlx.core as mx
 
     from marlin_dsl import builtin_format, pack
-    from marlin_dsl.backends.cuda_launch import build_cuda_kernel
+    from marlin_dsl.targets.cuda.launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.schedule import stream_schedule
+    from marlin_dsl.targets.cuda.tuning import stream_schedule
     from marlin_dsl.schedule import Gemm, Multistage, Schedule, WeightStream
     from marlin_dsl.targets import CUDA
 

@@ -29,9 +29,9 @@ if str(ROOT) not in sys.path:
 
 import marlin_dsl as md  # noqa: E402
 from marlin_dsl import CUDA, DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel  # noqa: E402
-from marlin_dsl.backends.cuda import print_cuda  # noqa: E402
-from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
-from marlin_dsl.backends.cuda_launch import gemm_inout_inputs  # noqa: E402
+from marlin_dsl.targets.cuda.printer import print_cuda  # noqa: E402
+from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
+from marlin_dsl.targets.cuda.launch import gemm_inout_inputs  # noqa: E402
 from marlin_dsl.compiler import compile_gemm  # noqa: E402
 
 #: The pipelines the correctness run covers (the striped one as the Metal tests use it).

@@ -38,7 +38,7 @@ def main() -> int:
     import mlx.core as mx
 
     from marlin_dsl import builtin_format, pack, reference_matmul
-    from marlin_dsl.backends.cuda_launch import build_cuda_kernel
+    from marlin_dsl.targets.cuda.launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel

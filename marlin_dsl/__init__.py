@@ -45,15 +45,16 @@ from .formats import (
 )
 from .formats.builtin import BUILTIN_FORMATS, builtin_format
 from .errors import ScheduleError
-from .schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, WeightStream, multistage_schedule, stream_schedule
-from .targets import CUDA, METAL, TARGETS, Target
+from .schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, WeightStream
+from .targets import CUDA, METAL, TARGETS, Target, emit
+from .targets.cuda.tuning import multistage_schedule, stream_schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "WeightStream",
     "ScheduleError", "multistage_schedule", "stream_schedule",
-    "TARGETS", "Target", "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
+    "TARGETS", "Target", "emit", "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
     "GroupBias", "GroupScale", "IntEncoding", "MarlinDSLError", "NMSparsity", "PackedWeights", "Packing",
     "QuantizedWeights", "ShapeError", "SpecError", "TableEncoding", "ValueRangeError",
     "ZeroPoint", "builtin_format", "dequantize", "pack", "pack_codes", "pack_fp4_2of4_weights",

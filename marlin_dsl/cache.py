@@ -2,9 +2,9 @@
 $MARLIN_DSL_CACHE, else $XDG_CACHE_HOME/marlin_dsl, else ~/.cache/marlin_dsl.
 
 - `metal_cpu/`: shared libraries of emitted Metal text built by g++ for the CPU harness
-  (harness/metal_cpu.py), keyed by a hash of the text, shim, flags and compiler;
-- `metal/`: generated Metal launchers of `quantized_linear` (backends/metal_runtime.py);
-- `nvcc/`: cubins of nvcc compile checks of printed CUDA (backends/cuda_nvcc.py, the tests).
+  (targets/metal/cpu_harness.py), keyed by a hash of the text, shim, flags and compiler;
+- `metal/`: generated Metal launchers of `quantized_linear` (targets/metal/runtime.py);
+- `nvcc/`: cubins of nvcc compile checks of printed CUDA (targets/cuda/nvcc.py, the tests).
 
 Each part is bounded: after a write, the least recently used files go until the part is under
 $MARLIN_DSL_CACHE_MAX_MB (default 512 MB). `marlin-dsl cache` shows the folders and their

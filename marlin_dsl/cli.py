@@ -136,6 +136,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .kernel_check import check_kernel, check_shapes
     from .spec import load_spec
     from .targets import TARGETS
+    from .targets.runtimes import runtime_for
 
     from .compiler import LOWER_STAGE, pipeline_names
 
@@ -184,52 +185,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
         failures += bad
         compiled_all += compiled_here
 
-    shipped = {}  # gemm name -> the emitted text that ships, per target
+    runtime = runtime_for(target)
+    shipped = {}  # gemm name -> the emitted text that ships, where the target ships text
     written: list[Path] = []  # files -o wrote, summarised at the end
-    if target.name == "metal":
-        from .backends.metal import print_metal
-        from .emit import metal_text, write_metal_kernel
+    for spec, compiled, _ in compiled_all:
+        out = runtime.ship(compiled, spec.path, None if args.output is None else args.output / spec.stem)
+        written += out.files
+        if out.text is not None:
+            shipped[compiled.gemm.name] = out.text
 
-        for spec, compiled, _ in compiled_all:
-            if args.output is not None:
-                files = write_metal_kernel(compiled, spec.path, args.output / spec.stem)
-                written += files.values()
-                shipped[compiled.gemm.name] = files["metal"].read_text()
-            else:
-                shipped[compiled.gemm.name] = metal_text(print_metal(compiled.kernel), compiled, spec.path)
-    elif args.output is not None:
-        from .backends.cuda import print_cuda
-
-        for spec, compiled, _ in compiled_all:
-            folder = args.output / spec.stem / compiled.gemm.name
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{compiled.gemm.name}.{target.name}.ir").write_text(print_kernel(compiled.kernel))
-            # A complete translation unit (prelude, tables, kernel with MLX's parameter list):
-            # what nvcc compiles in the tests and what mx.fast.cuda_kernel receives in parts.
-            src = print_cuda(compiled.kernel)
-            (folder / f"{compiled.gemm.name}.cu").write_text(src.full_source())
-            # Everything a launcher needs: CudaSource.from_json(json.load(...)["source"]) gives
-            # it back; the weights must be in the kernel's physical layout (weight_layout).
-            layout = src.attrs.get("weight_layout", "linear")
-            (folder / "manifest.json").write_text(json.dumps({
-                "kernel": compiled.gemm.name, "target": "cuda", "weight_layout": layout,
-                "weights": "as marlin_dsl.pack(format, w) gives them" if layout == "linear" else
-                           "marlin_dsl.runtime.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
-                "source": src.to_json()}, indent=1, sort_keys=True) + "\n")
-            written += [folder / f"{compiled.gemm.name}.{target.name}.ir", folder / f"{compiled.gemm.name}.cu",
-                        folder / "manifest.json"]
-
-    harness = None
-    if target.name == "metal" and not args.no_check:
-        from .backends.metal import print_metal
-        from .harness.metal_cpu import compile_metal, find_compiler
-
-        if find_compiler() is not None:
-            def build(item):
-                _, compiled, _ = item
-                return compile_metal(print_metal(compiled.kernel), shipped_text=shipped[compiled.gemm.name])
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-                harness = dict(zip((c.gemm.name for _, c, _ in compiled_all), pool.map(build, compiled_all)))
+    native_check = None if args.no_check else runtime.native_check
+    harness = None  # gemm name -> the shipped text built for the native check
+    if native_check is not None and native_check.available():
+        def build(item):
+            _, compiled, _ = item
+            return native_check.build(compiled, shipped[compiled.gemm.name])
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            harness = dict(zip((c.gemm.name for _, c, _ in compiled_all), pool.map(build, compiled_all)))
 
     kernel_rows = []
     for index, (spec, compiled, rng) in enumerate(compiled_all):
@@ -247,7 +219,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         kernel_rows.append([
             gemm.name, gemm.schedule.name, str(kernel.attrs["pipeline"]), str(kernel.threads),
             f"{kernel.shared_bytes}", _summary(interp),
-            *([_summary(native)] if target.name == "metal" else []),
+            *([_summary(native)] if runtime.native_check is not None else []),
             ("unchecked" if args.no_check else "PASS") if not bad else "FAIL: " + ", ".join(
                 f"M={r.shape[0]} rel {r.rel_error:.2e} > {r.tolerance:g}, {r.untouched_poison} unwritten"
                 for r in bad),
@@ -262,18 +234,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(FORMAT_LEGEND)
     if kernel_rows:
         headers = ["gemm", "schedule", "pipeline", "thr", "tgmem", "interp"]
-        if target.name == "metal":
-            headers.append(".metal")
+        if runtime.native_check is not None:
+            headers.append(runtime.native_check.column)
         print()
         print(_table(headers + ["result"], kernel_rows))
         print(KERNEL_LEGEND)
-        if target.name == "metal":
-            note = ("the emitted .metal text compiled by g++ against codegen/metal_shim.h and run\n"
-                    "  by the CPU harness (threads with real barriers, collective simdgroup\n"
-                    "  matrices)")
+        if runtime.native_check is not None:
+            note = runtime.native_check.note
             if harness is None and not args.no_check:
-                note = "skipped: no C++ compiler (g++) on this machine"
-            print(f".metal: {note}; the same shapes and tolerance")
+                note = runtime.native_check.unavailable_note
+            print(f"{runtime.native_check.column}: {note}; the same shapes and tolerance")
     if args.output is not None:
         print(f"marlin-dsl: wrote {len(compiled_all)} kernel(s), {len(written)} files, under "
               f"{args.output}/<spec>/<gemm>/", file=sys.stderr)

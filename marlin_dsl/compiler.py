@@ -9,7 +9,7 @@ from .ir import Kernel
 from .lowering.pipelines import lower_gemm
 from .passes import DEFAULT_PIPELINE, PASSES, PassManager, build_pipeline
 from .schedule import Gemm
-from .targets import Target
+from .targets.base import Target
 
 #: The name under which the IR straight out of lowering is dumped.
 LOWER_STAGE = "lower"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Literal
+from typing import Callable, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -48,6 +48,18 @@ def _cuda_available() -> bool:
     return cuda is not None and bool(cuda.is_available())
 
 
+#: The kernel backends (targets with a runtime), each with its machine probe (a lambda, so
+#: that the probe is looked up when called) and what it needs.
+_KERNEL_BACKENDS: dict[str, tuple[Callable[[], bool], str]] = {
+    "metal": (lambda: _metal_available(),
+              "the Metal backend needs an Apple GPU: macOS with MLX's Metal backend available "
+              "(mx.metal.is_available())"),
+    "cuda": (lambda: _cuda_available(),
+             "the CUDA backend needs an NVIDIA GPU with MLX's CUDA backend (mlx[cuda], "
+             "mx.cuda.is_available())"),
+}
+
+
 def _machine() -> str:
     return (f"this machine: platform {sys.platform}, Metal available: {_metal_available()}, "
             f"CUDA available: {_cuda_available()}, MLX default device: {mx.default_device()}")
@@ -76,14 +88,9 @@ def select_backend(backend: str = "auto") -> str:
             if _cuda_available():
                 return "cuda"
         return "mlx"
-    if backend == "metal" and not _metal_available():
-        raise MarlinDSLError(
-            "the Metal backend needs an Apple GPU: macOS with MLX's Metal backend available "
-            f"(mx.metal.is_available()); {_machine()}. Use backend='mlx' or 'auto'.")
-    if backend == "cuda" and not _cuda_available():
-        raise MarlinDSLError(
-            "the CUDA backend needs an NVIDIA GPU with MLX's CUDA backend (mlx[cuda], "
-            f"mx.cuda.is_available()); {_machine()}. Use backend='mlx' or 'auto'.")
+    probe, needs = _KERNEL_BACKENDS.get(backend, (None, ""))
+    if probe is not None and not probe():
+        raise MarlinDSLError(f"{needs}; {_machine()}. Use backend='mlx' or 'auto'.")
     return backend
 
 

@@ -33,7 +33,7 @@ def physical_arrays(attrs: dict, packed: PackedWeights) -> dict[str, np.ndarray]
     if layout is None or packed.layout == layout:  # already in the kernel's layout
         return dict(packed.arrays)
     from .lowering.stream_layout import LAYOUT_NAME, stream_arrays
-    from .targets import TARGETS
+    from .targets.base import TARGETS
 
     if layout != LAYOUT_NAME:
         raise ShapeError(f"kernel: unknown weight layout {layout!r}")

@@ -24,9 +24,8 @@ def corpus() -> Iterator[tuple[str, str]]:
     from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
     from marlin_dsl.lowering.sparsify import lower_sparsify
     from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager
-    from marlin_dsl.schedule import (
-        DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel, default_schedule, stream_schedule,
-    )
+    from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule, StripedKParallel, default_schedule
+    from marlin_dsl.targets.cuda.tuning import stream_schedule
     from marlin_dsl.source import suspended_declarations
     from marlin_dsl.targets import TARGETS
 
@@ -68,15 +67,9 @@ def corpus() -> Iterator[tuple[str, str]]:
 
 def emit_source(target, kernel) -> str:
     """The printed text of `kernel` for `target` (header and body as the launcher ships them)."""
-    try:
-        from marlin_dsl.targets import emit  # the one emit function (issue 14)
-    except ImportError:
-        from marlin_dsl.backends.cuda import print_cuda
-        from marlin_dsl.backends.metal import print_metal
-        src = (print_cuda if target.name == "cuda" else print_metal)(kernel)
-    else:
-        src = emit(kernel, target)
-    return src.full_source()
+    from marlin_dsl.targets import emit  # the one emit function (issue 14)
+
+    return emit(kernel, target).full_source()
 
 
 def _gemm_text(compile_gemm, print_kernel, emit_source, target, gemm) -> tuple[str, str]:

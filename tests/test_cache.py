@@ -49,7 +49,7 @@ def test_cli_cache_shows_and_clears(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
 
 def test_harness_builds_go_to_the_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from marlin_dsl.harness import metal_cpu
+    from marlin_dsl.targets.metal import cpu_harness as metal_cpu
 
     monkeypatch.delenv("MARLIN_METAL_CPU_CACHE", raising=False)
     monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path / "c"))

@@ -127,8 +127,8 @@ def test_generated_launcher_drives_the_shipped_metal_text(monkeypatch: pytest.Mo
     import numpy as np
 
     from marlin_dsl import pack, reference_matmul
-    from marlin_dsl.backends.metal import print_metal
-    from marlin_dsl.harness.metal_cpu import compile_metal, find_compiler
+    from marlin_dsl.targets.metal.printer import print_metal
+    from marlin_dsl.targets.metal.cpu_harness import compile_metal, find_compiler
 
     if find_compiler() is None:
         pytest.skip("no C++ compiler to run the Metal text on the CPU")

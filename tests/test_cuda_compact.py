@@ -1,4 +1,4 @@
-"""The compact CUDA text that layers hand to MLX (backends/cuda_compact.py): the same tokens as
+"""The compact CUDA text that layers hand to MLX (targets/cuda/compact.py): the same tokens as
 the readable text minus comments, nvcc compiles it (MLX's own translation-unit form) for every
 pipeline, and the prelude keeps exactly what a kernel uses."""
 from __future__ import annotations
@@ -10,14 +10,15 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import CUDA, Gemm
-from marlin_dsl.backends.cuda import prelude, print_cuda
-from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
-from marlin_dsl.backends.cuda_compact import compact_cuda, trim_prelude
-from marlin_dsl.backends.cuda_launch import gemm_inout_inputs
-from marlin_dsl.backends.cuda_runtime import cuda_gemm, cuda_schedule
+from marlin_dsl.targets.cuda.printer import prelude, print_cuda
+from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
+from marlin_dsl.targets.cuda.compact import compact_cuda, trim_prelude
+from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
+from marlin_dsl.targets.cuda.runtime import cuda_gemm, cuda_schedule
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.layers.interop import mlx_format
-from marlin_dsl.schedule import default_schedule, multistage_schedule, stream_schedule
+from marlin_dsl.schedule import default_schedule
+from marlin_dsl.targets.cuda.tuning import multistage_schedule, stream_schedule
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed here")
 

@@ -40,7 +40,7 @@ def test_architecture_names_only_what_exists() -> None:
     assert len(paths) > 10
     for path in paths:
         assert list(root.glob(path)), path
-    short = set(re.findall(r"`((?:formats|lowering|ir|passes|backends|harness|layers|models)/[\w/.-]+)`", text))
+    short = set(re.findall(r"`((?:formats|lowering|ir|passes|targets|layers|models)/[\w/.-]+)`", text))
     for path in short:
         assert (root / "marlin_dsl" / path).exists(), path
     from marlin_dsl.formats import STORAGE_TYPES  # noqa: F401  (the registries it names exist)
@@ -51,3 +51,5 @@ def test_architecture_names_only_what_exists() -> None:
     from marlin_dsl.lowering.pipelines import LOWERINGS  # noqa: F401
     from marlin_dsl.passes.manager import PASSES  # noqa: F401
     from marlin_dsl.pipelines import PIPELINES  # noqa: F401
+    from marlin_dsl.targets.base import TARGETS  # noqa: F401
+    from marlin_dsl.targets.runtimes import RUNTIMES  # noqa: F401

@@ -101,6 +101,13 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.targets.*harness*", "launchers"),
     ("marlin_dsl.targets.*metal_cpu*", "launchers"),
     ("marlin_dsl.targets.*runtime*", "runtime"),
+    ("marlin_dsl.targets.*tuning*", "schedule"),  # tuned schedules per (format, M, K, N)
+    ("marlin_dsl.targets.*source*", "printers"),  # what a printer hands back (CudaSource)
+    ("marlin_dsl.targets.*ship*", "emit"),  # the files `compile -o` writes for a target
+    # the package faces import the printers to register them with their descriptions
+    ("marlin_dsl.targets", "printers"),
+    ("marlin_dsl.targets.metal", "printers"),
+    ("marlin_dsl.targets.cuda", "printers"),
     ("marlin_dsl.targets*", "targets"),
     ("marlin_dsl.ir*", "ir"),
     ("marlin_dsl.schedule*", "schedule"),
@@ -108,13 +115,6 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.spec", "schedule"),
     ("marlin_dsl.lowering*", "lowering"),
     ("marlin_dsl.passes*", "passes"),
-    # backends/ before h1's move
-    ("marlin_dsl.backends.cuda_sparse_layout", "targets"),  # the hardware-checked mma.sp lane model
-    ("marlin_dsl.backends.*launch*", "launchers"),
-    ("marlin_dsl.backends.cuda_nvcc", "launchers"),
-    ("marlin_dsl.backends.*runtime*", "runtime"),
-    ("marlin_dsl.backends*", "printers"),
-    ("marlin_dsl.harness*", "launchers"),
     ("marlin_dsl.runtime", "launchers"),  # the host side of a kernel, shared by every executor
     ("marlin_dsl.compiler", "compiler"),
     ("marlin_dsl.emit", "emit"),
@@ -149,9 +149,8 @@ ALLOWED_UPWARD: list[tuple[str, str, str]] = [
      "that sits in lowering/; it belongs beside mlx_pack.py"),
     ("marlin_dsl.pipelines.weight_stream", "marlin_dsl.lowering.stream_layout",
      "WeightStream's check sizes tiles from the weight-stream layout (to be moved down)"),
-    ("marlin_dsl.schedule", "marlin_dsl.lowering.stream_layout",
-     "stream_schedule and WeightStream's check size tiles from the weight-stream layout (function-"
-     "local imports); the layout is a target/format description that lives in lowering/"),
+    ("marlin_dsl.targets.cuda.tuning", "marlin_dsl.lowering.stream_layout",
+     "the tuned schedules step K by the weight-stream layout's chunk (to be moved down)"),
 ]
 
 
@@ -233,25 +232,24 @@ def test_every_allowed_upward_import_exists() -> None:
 def test_the_stage_rules_read_both_layouts() -> None:
     """Today's modules and the ones issue 14 moves them to land in the same stages."""
     expected = {
-        "marlin_dsl.targets": "targets",
-        "marlin_dsl.targets.cuda": "targets",
+        "marlin_dsl.targets": "printers",
+        "marlin_dsl.targets.cuda": "printers",
+        "marlin_dsl.targets.base": "targets",
         "marlin_dsl.targets.cuda.description": "targets",
-        "marlin_dsl.targets.metal.tables": "targets",
         "marlin_dsl.targets.cuda.sparse_layout": "targets",
+        "marlin_dsl.targets.cuda.tuning": "schedule",
         "marlin_dsl.targets.cuda.printer": "printers",
+        "marlin_dsl.targets.cuda.source": "printers",
         "marlin_dsl.targets.metal.printer": "printers",
         "marlin_dsl.targets.c_printer": "printers",
         "marlin_dsl.targets.cuda.launch": "launchers",
-        "marlin_dsl.targets.cuda.runtime": "runtime",
-        "marlin_dsl.backends.cuda_sparse_layout": "targets",
         "marlin_dsl.targets.cuda.nvcc": "launchers",
-        "marlin_dsl.targets.metal.launcher": "launchers",
-        "marlin_dsl.targets.metal.harness": "launchers",
-        "marlin_dsl.backends.cuda": "printers",
-        "marlin_dsl.backends.cuda_launch": "launchers",
-        "marlin_dsl.backends.metal_runtime": "runtime",
-        "marlin_dsl.harness.metal_cpu": "launchers",
-        "marlin_dsl.lowering.parts.mma_loop": "lowering",
+        "marlin_dsl.targets.cuda.runtime": "runtime",
+        "marlin_dsl.targets.metal.launch": "launchers",
+        "marlin_dsl.targets.metal.cpu_harness": "launchers",
+        "marlin_dsl.targets.metal.ship": "emit",
+        "marlin_dsl.pipelines.weight_stream": "schedule",
+        "marlin_dsl.lowering.parts.shell": "lowering",
         "marlin_dsl.schedule": "schedule",
         "marlin_dsl.__version__": "base",
         "marlin_dsl.ir.interpret.machine": "ir",

@@ -1,7 +1,7 @@
 """The Metal backend: `print_metal` and the CPU harness that runs the emitted Metal on Linux.
 
 Every built-in format x pipeline is lowered for Metal, printed, compiled with g++ against
-codegen/metal_shim.h and executed by `marlin_dsl.harness.metal_cpu` (threads of a group run
+codegen/metal_shim.h and executed by `marlin_dsl.targets.metal.cpu_harness` (threads of a group run
 concurrently, real barriers, collective simdgroup matrices, poisoned threadgroup memory,
 poisoned outputs between guard regions), then compared with the float64 reference. Two
 deliberately broken kernels (a missing barrier, an off-by-one in the 2:4 scatter) must be
@@ -16,9 +16,9 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import METAL, DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel
-from marlin_dsl.backends.metal import MetalSource, _float_literal, print_metal
+from marlin_dsl.targets.metal.printer import MetalSource, _float_literal, print_metal
 from marlin_dsl.errors import CompileError
-from marlin_dsl.harness.metal_cpu import MetalCPUError, compile_many, find_compiler
+from marlin_dsl.targets.metal.cpu_harness import MetalCPUError, compile_many, find_compiler
 from marlin_dsl.ir import (BF16, F16, F32, I32, U8, U16, U32, Block, BufferParam, Builder,
                            ConstTable, FragmentType, GridDim, Kernel, Op, ScalarParam, SharedArray,
                            Value, VectorType, verify)
@@ -473,7 +473,7 @@ def test_metal_limits():
 @needs_gxx
 def test_emulated_half_matches_native(built):
     """The shim's fallback `half` class (for compilers without _Float16) computes the same bits."""
-    from marlin_dsl.harness.metal_cpu import compile_metal
+    from marlin_dsl.targets.metal.cpu_harness import compile_metal
 
     kernel, native = built["ops_mix"]
     emulated = compile_metal(print_metal(kernel), extra_flags=["-DMTL_SHIM_EMULATE_HALF"])

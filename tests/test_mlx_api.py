@@ -211,7 +211,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch):
     executes the IR of the kernel it was built from (recorded when the launcher is built) in
     the interpreter, with the buffers, launch sizes and shapes it is given. Records every
     launch's inputs."""
-    import marlin_dsl.backends.cuda_runtime as runtime
+    import marlin_dsl.targets.cuda.runtime as runtime
     import marlin_dsl.layers.dispatch as dispatch
     import marlin_dsl.nn as mnn
     from marlin_dsl.ir.interpret import run_kernel
@@ -329,10 +329,10 @@ def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch
     the cache with its launcher) on the CPU harness."""
     import marlin_dsl.layers.dispatch as dispatch
     import marlin_dsl.nn as mnn
-    from marlin_dsl.backends.metal import print_metal
-    from marlin_dsl.backends.metal_runtime import default_schedule, metal_launcher
+    from marlin_dsl.targets.metal.printer import print_metal
+    from marlin_dsl.targets.metal.runtime import default_schedule, metal_launcher
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.harness.metal_cpu import compile_metal, find_compiler
+    from marlin_dsl.targets.metal.cpu_harness import compile_metal, find_compiler
     from marlin_dsl.schedule import Gemm
     from marlin_dsl.targets import METAL
 

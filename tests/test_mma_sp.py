@@ -4,7 +4,7 @@ with nvcc for sm_80 and sm_90, no GPU) and the textual IR.
 The kernels are bench/mma_sp_ir_probe.py's (`build_kernel`, `make_case`): every lane loads its
 own compressed A, B and metadata word, builds fragments with `frag_build` (or `frag_load` for
 B), and runs mma_sp with selector 0 and then 1 on one shared metadata register. The buffers
-come from backends/cuda_sparse_layout.py, the model of the instruction checked on an H100;
+come from targets/cuda/sparse_layout.py, the model of the instruction checked on an H100;
 running the printed kernel on a GPU is the probe's job.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marlin_dsl.backends import cuda_sparse_layout as sl
-from marlin_dsl.backends.cuda import cuda_type, prelude, print_cuda
-from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
+from marlin_dsl.targets.cuda import sparse_layout as sl
+from marlin_dsl.targets.cuda.printer import cuda_type, prelude, print_cuda
+from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
 from marlin_dsl.errors import CompileError
 from marlin_dsl.ir import (BF16, BOOL, F16, F32, U32, Builder, BufferParam, FragmentType, GridDim, Kernel,
                            VerifyError, verify)

@@ -14,8 +14,8 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import CUDA, METAL, Gemm, Multistage, Schedule
-from marlin_dsl.backends.cuda import DYNAMIC_SHARED_NAME, STATIC_SHARED_BYTES, CudaSource, print_cuda
-from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
+from marlin_dsl.targets.cuda.printer import DYNAMIC_SHARED_NAME, STATIC_SHARED_BYTES, CudaSource, print_cuda
+from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import CompileError, ScheduleError
 from marlin_dsl.ir import (F16, F32, U32, BufferParam, Builder, FragmentType, GridDim, Kernel,

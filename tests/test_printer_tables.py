@@ -1,12 +1,13 @@
-"""The printers are tables from op to emitter (backends/c_printer.py holds the shared C-family
+"""The printers are tables from op to emitter (targets/c_printer.py holds the shared C-family
 entries); a target's legal ops are its table's keys, and `verify_legal` refuses any other op,
 naming it, where it is and the target, before a line is printed."""
 from __future__ import annotations
 
 import pytest
 
-from marlin_dsl.backends import cuda, metal
-from marlin_dsl.backends.c_printer import CPrinter
+from marlin_dsl.targets.cuda import printer as cuda
+from marlin_dsl.targets.metal import printer as metal
+from marlin_dsl.targets.c_printer import CPrinter
 from marlin_dsl.errors import CompileError
 from marlin_dsl.ir.ops import OPS
 from marlin_dsl.ir.text import parse_kernel

@@ -6,7 +6,7 @@
 - Padding: a group running past the end of the sparsified axis is zero padded, padded
   positions never carry a nonzero value, and all-padding groups carry the method's nibble.
 - The "cuda_mma_sp" layout is what `mma.sp` reads, checked with the independent numpy model
-  `backends/cuda_sparse_layout.py` (metadata fields, A lane coordinates, the MMA itself).
+  `targets/cuda/sparse_layout.py` (metadata fields, A lane coordinates, the MMA itself).
 - The sparse GEMM (`lowering/sparse_gemm.py`) on the interpreter against float64, with a
   negative control (corrupted metadata must change the result or be refused).
 - nvcc compiles the printed CUDA for sm_80 and sm_90; printing is deterministic.
@@ -25,15 +25,16 @@ from marlin_dsl.activation.host import (SparsifyOutput, check_sparsify, run_spar
 from marlin_dsl.activation.layout import ActivationLayout
 from marlin_dsl.activation.reference import nibbles_to_indices, operand_shape, sparsify_reference
 from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
-from marlin_dsl.backends import cuda_sparse_layout as sl
-from marlin_dsl.backends.cuda import print_cuda
-from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
-from marlin_dsl.backends.metal import print_metal
-from marlin_dsl.harness.metal_cpu import compile_many, find_compiler, run_metal_cpu
+from marlin_dsl.targets.cuda import sparse_layout as sl
+from marlin_dsl.targets.cuda.printer import print_cuda
+from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
+from marlin_dsl.targets.metal.printer import print_metal
+from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler, run_metal_cpu
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
-from marlin_dsl.lowering.sparse_gemm import IDLE_META, lower_sparse_gemm
+from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
 from marlin_dsl.lowering.sparsify import lower_sparsify
 from marlin_dsl.runtime import round_to_activation
+from marlin_dsl.targets import CUDA
 
 DTYPES = ("f16", "bf16")
 AXES = (0, 1)
@@ -295,9 +296,9 @@ def test_sparse_gemm_corrupted_metadata_is_caught() -> None:
 
 
 def test_idle_meta_is_a_valid_padding_word() -> None:
-    """The GEMM's metadata for tile pairs past S (IDLE_META) is ordered for both selectors."""
+    """The GEMM's metadata for tile pairs past S (the target's idle word) is ordered for both selectors."""
     for f in (0, 1):
-        pos = sl.unpack_metadata(np.full(32, IDLE_META, np.uint32), f)
+        pos = sl.unpack_metadata(np.full(32, CUDA.sparse_idle_metadata, np.uint32), f)
         assert (pos[..., 0] == 0).all() and (pos[..., 1] == 1).all()
 
 

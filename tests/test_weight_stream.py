@@ -8,7 +8,7 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import CUDA, METAL, Gemm, Schedule, WeightStream
-from marlin_dsl.backends import cuda_sparse_layout as sl
+from marlin_dsl.targets.cuda import sparse_layout as sl
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import ScheduleError
 from marlin_dsl.formats.bitstream import unpack_bits
@@ -226,8 +226,8 @@ def test_non_2of4_sparsity_is_refused() -> None:
 # ----- nvcc -------------------------------------------------------------------------------------
 
 def test_stream_kernels_compile_with_nvcc() -> None:
-    from marlin_dsl.backends.cuda import print_cuda
-    from marlin_dsl.backends.cuda_nvcc import find_nvcc, nvcc_check
+    from marlin_dsl.targets.cuda.printer import print_cuda
+    from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
 
     if find_nvcc() is None:
         pytest.skip("nvcc not found: the CUDA compile check needs the CUDA toolkit")
@@ -248,7 +248,7 @@ def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) ->
     kernel reads and how to make it; the verification table checks the kernel on it."""
     import json
 
-    from marlin_dsl.backends.cuda import CudaSource
+    from marlin_dsl.targets.cuda.printer import CudaSource
     from marlin_dsl.cli import main
 
     spec = tmp_path / "ws.py"

@@ -19,7 +19,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..backends.cuda import CudaSource, print_cuda
+from ..targets.cuda.printer import print_cuda
+from ..targets.cuda.source import CudaSource
 from ..ir import Kernel
 from ..lowering.sparse_gemm import b_lane_order, lower_sparse_gemm
 from ..lowering.sparsify import launch_scalars, lower_sparsify

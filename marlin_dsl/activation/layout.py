@@ -28,7 +28,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..targets import TARGETS, Target
+from ..targets.base import ROW_MAJOR, TARGETS, Target
 from .reference import SparseResult, decompress, nibbles_to_indices
 from .spec import SparsifyError
 
@@ -59,11 +59,18 @@ class ActivationLayout:
 
     @property
     def kind(self) -> str:
-        return "cuda_mma_sp" if TARGETS[self.target].sparse_mma is not None else "row_major"
+        """The target's name for the layout (`Target.activation_layout`)."""
+        return TARGETS[self.target].activation_layout
+
+    @property
+    def fragment_order(self) -> bool:
+        """Whether values and metadata are in the sparse MMA's fragment order (the target's
+        sparse activation layout), not row-major."""
+        return self.kind != ROW_MAJOR
 
     @property
     def row_pad(self) -> int:
-        return 2 * ROW_TILE if self.kind == "cuda_mma_sp" else ROW_TILE
+        return 2 * ROW_TILE if self.fragment_order else ROW_TILE
 
     @property
     def pp(self) -> int:
@@ -100,11 +107,11 @@ class ActivationLayout:
     def value_pair_table(self) -> np.ndarray:
         """[16, 8]: u32 word of compressed pair (row r, pair c) inside its tile's block, for
         "cuda_mma_sp" (from the A lane table; both halves of a pair are one lane's one register)."""
-        rows, cols = _cuda_a_lanes()
+        rows, cols = _a_lanes(TARGETS[self.target])
         pos = np.full((ROW_TILE, UNIT_COLS), -1, np.int64)
         pos[rows, cols] = np.arange(rows.size).reshape(rows.shape)
         if (pos < 0).any() or not np.array_equal(pos[:, 1::2], pos[:, 0::2] + 1) or (pos[:, 0::2] % 2).any():
-            raise SparsifyError("cuda: the A lane table does not keep compressed pairs in one register")
+            raise SparsifyError(f"{self.target}: the A lane table does not keep compressed pairs in one register")
         return pos[:, 0::2] // 2
 
     @cached_property
@@ -119,13 +126,13 @@ class ActivationLayout:
             h = fields.groups // 4
             want_bit = 16 * (fields.rows // 8) + 4 * (fields.groups % 4) + 2 * fields.slots
             if not np.array_equal(fields.bit_offsets, want_bit):
-                raise SparsifyError("cuda: sparse metadata bits are not in unit order")
+                raise SparsifyError(f"{self.target}: sparse metadata bits are not in unit order")
             for gi, hi, lane in zip(g, h, fields.lanes):
                 if table[f, gi, hi] not in (-1, lane):
-                    raise SparsifyError("cuda: one unit's metadata spans two lanes")
+                    raise SparsifyError(f"{self.target}: one unit's metadata spans two lanes")
                 table[f, gi, hi] = lane
         if (table < 0).any():
-            raise SparsifyError("cuda: sparse metadata misses a unit")
+            raise SparsifyError(f"{self.target}: sparse metadata misses a unit")
         return table
 
     # The index maps take numpy or MLX integer arrays (`lookup` reads a small table either
@@ -133,7 +140,7 @@ class ActivationLayout:
 
     def value_word_index(self, rows, pairs, lookup=None):
         """u32 word holding compressed pair `pairs` (0 .. Lp/4 - 1) of S row `rows`."""
-        if self.kind == "row_major":
+        if not self.fragment_order:
             return rows * (self.lp // 4) + pairs
         mt, r = rows // ROW_TILE, rows % ROW_TILE
         kt, c = pairs // 8, pairs % 8
@@ -142,7 +149,7 @@ class ActivationLayout:
 
     def meta_word_index(self, mt, kt, g, h, lookup=None):
         """u32 metadata word of unit (mt, kt, g, h)."""
-        if self.kind == "row_major":
+        if not self.fragment_order:
             return (mt * self.k_tiles + kt) * 16 + 2 * g + h
         lookup = lookup or _np_lookup
         return ((mt // 2) * self.k_tiles + kt) * 32 + lookup(self.meta_lane_table, (mt % 2) * 16 + g * 2 + h)
@@ -205,9 +212,10 @@ def _np_lookup(table: np.ndarray, flat_index: np.ndarray) -> np.ndarray:
     return table.ravel()[flat_index]
 
 
-def _cuda_a_lanes() -> tuple[np.ndarray, np.ndarray]:
-    lanes = TARGETS["cuda"].lane_elements("a", 16, 16)
-    assert lanes is not None
+def _a_lanes(target: Target) -> tuple[np.ndarray, np.ndarray]:
+    lanes = target.lane_elements("a", 16, 16)
+    if lanes is None:
+        raise SparsifyError(f"{target.name}: no lane table for the sparse MMA's compressed A")
     return lanes
 
 

@@ -78,8 +78,8 @@ def _backend_impl(name: str) -> Any:
     from .. import nn as _nn
 
     if not {"cuda": _nn._cuda_available, "metal": _nn._metal_available}[name]():
-        raise SparsifyError(f"backend {name!r} not available: this machine has no "
-                            f"{'NVIDIA GPU with MLX CUDA' if name == 'cuda' else 'Apple GPU with Metal'}"
+        hardware = {"cuda": "NVIDIA GPU with MLX CUDA", "metal": "Apple GPU with Metal"}[name]
+        raise SparsifyError(f"backend {name!r} not available: this machine has no {hardware}"
                             f" ({_nn._machine()}); use backend='mlx' or 'auto'")
     try:
         from . import kernels

@@ -1,7 +1,7 @@
 """`marlin-dsl bench`: our GEMM kernels against MLX's own and the bandwidth floor, on a GPU.
 
 The benchmark runner sits above the compiler: it compiles and launches kernels through the
-public stages, and nothing in the core (formats/, ir/, lowering/, passes/, targets, backends/,
+public stages, and nothing in the core (formats/, ir/, lowering/, passes/, targets/,
 the compiler) imports it (tests/test_import_graph.py checks the direction).
 
 - `cases`: what a run measures (shapes, Ms, pipelines, formats, bench.json's definitions) and

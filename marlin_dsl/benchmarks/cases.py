@@ -9,7 +9,8 @@ from math import lcm
 from typing import Protocol
 
 from ..formats.format import Format
-from ..schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel, stream_schedule
+from ..schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel
+from ..targets.cuda.tuning import stream_schedule
 from .timing import BATCH_LAUNCHES
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 14336), (14336, 4096))

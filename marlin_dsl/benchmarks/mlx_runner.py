@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .. import api
-from ..backends.cuda_launch import _mx_dtype, build_cuda_kernel
+from ..targets.cuda.launch import _mx_dtype, build_cuda_kernel
 from ..errors import MarlinDSLError
 from ..formats import dequantize
 from ..formats.builtin import builtin_format
@@ -292,7 +292,7 @@ def _cuda_launch(mx, gemm, copies, x, m: int, n: int, k: int) -> Callable[[int],
 def _metal_launcher(compiled):
     """The generated MLX launcher module of a kernel compiled for Metal (written to a temporary
     folder). Untested here: no Apple GPU on the machines this was written on."""
-    from ..emit import write_metal_kernel  # networkx, through the compiler
+    from ..targets.metal.ship import write_metal_kernel  # networkx, through the compiler
 
     folder = Path(tempfile.mkdtemp(prefix="marlin_bench_"))
     files = write_metal_kernel(compiled, None, folder)

@@ -3,7 +3,7 @@ the passes read and, for the ALU ops, the scalar semantics (`evaluate`, from sem
 
 Every consumer (verifier, textual form, interpreter, folder and the other passes) reads these
 definitions instead of keeping its own list, so an op is added in one place; a printer's table
-(backends/c_printer.py) says which of them its target can print.
+(targets/c_printer.py) says which of them its target can print.
 """
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def _vec(op: Op, _: Kernel) -> str | None:
 
 
 def _frag_build(op: Op, kernel: Kernel) -> str | None:
-    from ..targets import TARGETS
+    from ..targets.base import TARGETS
 
     t = op.result.type
     if not isinstance(t, FragmentType) or t.role not in ("a", "b"):
@@ -258,7 +258,7 @@ def _async_wait(op: Op, _: Kernel) -> str | None:
 
 
 def _frag_elems(op: Op, kernel: Kernel) -> str | None:
-    from ..targets import TARGETS
+    from ..targets.base import TARGETS
 
     t = op.operands[0].type
     if not isinstance(t, FragmentType):
@@ -327,7 +327,7 @@ def _mma(op: Op, _: Kernel) -> str | None:
 
 
 def _mma_sp(op: Op, kernel: Kernel) -> str | None:
-    from ..targets import TARGETS
+    from ..targets.base import TARGETS
 
     a, b, c, meta = (v.type for v in op.operands)
     if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):

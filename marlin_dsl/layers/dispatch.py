@@ -7,23 +7,26 @@ input order). Everything else is fixed when the launch is built on the first cal
 shape (schedule by row count, kernel, grid, output shape, the `dims` array), which is also
 where x is checked. Nothing on this path touches numpy, copies to the host or synchronises,
 so it runs inside `mx.compile` too. Kernels are compiled on first use of a schedule (cached
-per schedule by `cuda_runtime.cuda_gemm`) and shared by all layers of the format.
+per schedule by the target's runtime, `targets/<name>/runtime.py`) and shared by all layers of
+the format.
 
-`layout` is the physical layout a backend's kernels read (`layers.weights`): the CUDA
-weight-stream layout where the format has one, else the format's own linear layout.
+`layout` is the physical layout a backend's kernels read (`layers.weights`): the one the
+target's runtime names (`layer_layout`: CUDA's weight-stream layout where the format has one),
+else the format's own linear layout.
 """
 from __future__ import annotations
 
 import math
 import os
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from ..errors import MarlinDSLError, ScheduleError, ShapeError
+from ..errors import MarlinDSLError, ShapeError
 from ..formats import Format
 from ..mlx_ops import dequantize_mx
+from ..targets.runtimes import RUNTIMES, runtime_for
 
 LINEAR = "linear"
 #: MARLIN_DSL_POISON=1 fills kernel outputs with NaN before each launch, so that an element a
@@ -122,56 +125,31 @@ class _KernelDispatch(Dispatch):
                                  f"launch kernels of {expected} -> ['y']")
 
 
-class CudaDispatch(_KernelDispatch):
-    """Our CUDA kernels through MLX's CUDA backend, the schedule chosen by row count."""
+class TargetDispatch(_KernelDispatch):
+    """Our kernels on one target, through its runtime (`targets.runtimes`): the weight layout
+    its kernels read, and the kernel for each row count (the target picks the schedule)."""
 
-    def __init__(self, fmt: Format, k: int, n: int) -> None:
+    def __init__(self, fmt: Format, k: int, n: int, backend: str) -> None:
         super().__init__(fmt, k, n)
-        from ..lowering.stream_layout import LAYOUT_NAME, stream_layout
-        from ..targets import CUDA
-
-        try:
-            stream_layout(fmt, CUDA)
-            self.layout = LAYOUT_NAME
-        except ScheduleError:  # no weight-stream layout: the fused kernel reads the linear one
-            self.layout = LINEAR
+        self.runtime = runtime_for(backend)
+        self.layout = self.runtime.layer_layout(fmt, k, n) or LINEAR
 
     def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
-        from ..backends.cuda_runtime import cuda_gemm, cuda_schedule
-
         m = math.prod(shape[:-1])
         activation = _KERNEL_ACTIVATION[dtype]
-        gemm = cuda_gemm(self.fmt, activation, cuda_schedule(self.fmt, m, self.k, self.n))
-        source = gemm.source
-        self._check_io(source.name, source.input_names, source.output_names)
-        layout = source.attrs.get("weight_layout") or LINEAR
+        kernel = self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n)
+        self._check_io(kernel.name, kernel.input_names, kernel.output_names)
+        layout = kernel.weight_layout or LINEAR
         if layout != self.layout:
-            raise MarlinDSLError(f"kernel {source.name}: reads layout {layout!r}, the layer holds {self.layout!r}")
-        scalars = {"M": m, "N": self.n, "K": self.k}
-        grid, threadgroup = source.launch_dims(scalars)
+            raise MarlinDSLError(f"kernel {kernel.name}: reads layout {layout!r}, the layer holds {self.layout!r}")
         out_dtype = mx.float16 if activation == "f16" else mx.bfloat16
-        return _KernelLaunch(gemm.kernel, mx.array(source.dims(scalars)), grid, threadgroup,
+        return _KernelLaunch(kernel.kernel, mx.array(kernel.dims, dtype=mx.uint32), kernel.grid, kernel.threadgroup,
                              (*shape[:-1], self.n), out_dtype, mx.float32 if dtype == mx.float32 else None)
 
 
-class MetalDispatch(_KernelDispatch):
-    """Our Metal kernels (the format's default schedule) through `mx.fast.metal_kernel`."""
-
-    def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
-        from ..backends.metal_runtime import metal_launcher
-
-        m = math.prod(shape[:-1])
-        module = metal_launcher(self.fmt, _KERNEL_ACTIVATION[dtype])
-        self._check_io(module.NAME, module.INPUT_NAMES, module.OUTPUT_NAMES)
-        gx, gy, gz = module.threadgroups(m, self.n, self.k)
-        (_, _, out_dtype), = module.output_specs(m, self.n, self.k)
-        return _KernelLaunch(module.kernel(), mx.array([m, self.n, self.k], dtype=mx.uint32),
-                             (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1),
-                             (*shape[:-1], self.n), out_dtype, mx.float32 if dtype == mx.float32 else None)
-
-
+#: Concrete backends by name: MLX ops, and every target with a runtime (its kernels).
 _DISPATCH: dict[str, Callable[[Format, int, int], Dispatch]] = {
-    "mlx": MlxOpsDispatch, "cuda": CudaDispatch, "metal": MetalDispatch}
+    "mlx": MlxOpsDispatch, **{name: partial(TargetDispatch, backend=name) for name in RUNTIMES}}
 
 
 @lru_cache(maxsize=None)

@@ -1,8 +1,9 @@
 """Packed weights on the device in a named physical layout, converted with MLX ops.
 
 "linear" is the format's own layout (what `marlin_dsl.pack` writes, what files hold and what
-`validate` checks); a target may read another one, chosen at pack time (today CUDA's
-weight-stream layout `lane_stream`, lowering/stream_layout.py). Layers convert once, when
+`validate` checks); a target may read another one, chosen at pack time (today the
+weight-stream layout `lane_stream`, lowering/stream_layout.py, made from the lane tables of the
+target that reads it: `Target.weight_layouts`). Layers convert once, when
 weights arrive (construction, `from_*`, load), and convert back only to save or to hand the
 weight out (`to_packed`).
 """
@@ -15,6 +16,7 @@ import mlx.core as mx
 from ..errors import ShapeError
 from ..formats import Format
 from ..lowering.stream_layout import LAYOUT_NAME as LANE_STREAM
+from ..targets.base import reader_of
 from .dispatch import LINEAR
 
 Arrays = dict[str, mx.array]
@@ -28,9 +30,8 @@ def layout_shapes(fmt: Format, shape: tuple[int, int], layout: str) -> dict[str,
         return linear
     if layout == LANE_STREAM:
         from ..lowering.stream_layout_mx import stream_shapes
-        from ..targets import CUDA
 
-        return linear | stream_shapes(fmt, CUDA, k, n)
+        return linear | stream_shapes(fmt, reader_of(LANE_STREAM), k, n)
     raise ShapeError(f"layout: unknown weight layout {layout!r} (known: {LINEAR!r}, {LANE_STREAM!r})")
 
 
@@ -40,9 +41,8 @@ def to_layout(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array
         return dict(arrays)
     if layout == LANE_STREAM:
         from ..lowering.stream_layout_mx import stream_arrays_mx
-        from ..targets import CUDA
 
-        return stream_arrays_mx(fmt, CUDA, shape, arrays)
+        return stream_arrays_mx(fmt, reader_of(LANE_STREAM), shape, arrays)
     raise ShapeError(f"layout: unknown weight layout {layout!r}")
 
 
@@ -52,9 +52,8 @@ def to_linear(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array
         return dict(arrays)
     if layout == LANE_STREAM:
         from ..lowering.stream_layout_mx import linear_arrays_mx
-        from ..targets import CUDA
 
-        return linear_arrays_mx(fmt, CUDA, shape, arrays)
+        return linear_arrays_mx(fmt, reader_of(LANE_STREAM), shape, arrays)
     raise ShapeError(f"layout: unknown weight layout {layout!r}")
 
 

@@ -44,11 +44,6 @@ from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily, lane_base_and_offsets
 from .stream_layout import LAYOUT_NAME, VECTOR_WORDS
 
-#: Bytes of padding after each activation row in shared memory (bank-conflict avoidance).
-ROW_PAD_BYTES = 16
-COPY_BYTES = 16  # the widest async copy
-
-
 class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
     def __init__(self, ctx: GemmContext) -> None:
         super().__init__(ctx)
@@ -58,7 +53,7 @@ class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
         mm, mn, _ = target.mma
         self.block_tiles = s.tile_n // mm  # A tiles of the threadgroup
         elem_bytes = self.act.bits // 8
-        self.x_ld = self.layout.dense_chunk + ROW_PAD_BYTES // elem_bytes  # activation row pitch
+        self.x_ld = self.layout.dense_chunk + target.shared_row_pad_bytes // elem_bytes  # activation row pitch
         self.x_stage = s.tile_m * self.x_ld
         lanes = self.layout.lanes
         self.w_stage = self.block_tiles * lanes * VECTOR_WORDS
@@ -67,12 +62,12 @@ class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
         # granule allows (so a piece never straddles the end of K), else the largest power of
         # two dividing it (K is always even here: see runtime.physical_arrays)
         granule = self.fmt.k_granule & -self.fmt.k_granule
-        self.x_copy = min(COPY_BYTES // elem_bytes, granule)
+        self.x_copy = min(target.async_copy_bytes // elem_bytes, granule)
         if self.x_copy * elem_bytes < 4:
             raise CompileError(f"multistage: format {self.fmt.name!r} has K granule {self.fmt.k_granule}; "
                                "activation copies need K to be a multiple of 2")
         if self.x_perm:  # shared-memory runs are zero-filled past K: read them 16 bytes at a time
-            self.x_vec = min(COPY_BYTES // elem_bytes, self.layout.x_run)
+            self.x_vec = min(target.async_copy_bytes // elem_bytes, self.layout.x_run)
         c_rows, c_cols = target.lane_elements("c", mm, mn)  # type: ignore[misc]
         self.c_row_base, self.c_row_off = lane_base_and_offsets(c_rows, "C row")
         self.c_col_base, self.c_col_off = lane_base_and_offsets(c_cols, "C column")
@@ -152,4 +147,4 @@ class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
         return self.mma_k_tiles(accs, words, meta, b_frags_for, params_for)
 
 
-__all__ = ["COPY_BYTES", "MultistageLowering", "ROW_PAD_BYTES"]
+__all__ = ["MultistageLowering"]

@@ -11,7 +11,7 @@ from typing import Callable, Protocol
 
 from ..ir import Kernel
 from ..schedule import Gemm
-from ..targets import Target
+from ..targets.base import Target
 from .multistage import MultistageLowering
 from .parts.context import GemmContext
 from .staged import DoubleBufferedLowering, FusedDequantLowering, StripedLowering

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir import BF16, F16, F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, Value, VectorType
-from ..targets import TARGETS
+from ..targets.base import TARGETS
 from .parts.emit import Emitter
 from .parts.shell import finish_kernel
 
@@ -26,8 +26,6 @@ THREADS = 128
 TILE_M, TILE_N = 64, 128
 WARP_N_TILES = 8
 SCALARS = ("P", "N", "KT", "PAIRS", "NT")
-#: A valid metadata word (every nibble 0b0100) for tile pairs past the end of S.
-IDLE_META = 0x44444444
 
 
 def b_lane_order(target: str) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +100,7 @@ class _Lowering(Emitter):
                      BufferParam("bp", U32, "read"), BufferParam("y", self.act, "write")],
             scalars=SCALARS, tables=tables,
             attrs={"target": self.target.name, "kind": "sparse_act_gemm", "activation": self.dtype,
-                   "tile": [TILE_M, TILE_N, 32], "layout": "cuda_mma_sp"})
+                   "tile": [TILE_M, TILE_N, 32], "layout": self.target.sparse_activation_layout})
 
     def fetch(self, kt: Value, has: Value) -> list[Value]:
         """K step kt's loads: [A words of tile 0, tile 1, metadata word, B words x 8]."""
@@ -119,7 +117,7 @@ class _Lowering(Emitter):
                                       32, hint="mi"), self.lane, hint="mi")
         mok = self.op2("and", has, self.pair_ok, hint="mok")
         word = b.load("meta", midx, U32, pred=mok, hint="mw")
-        out.append(b.select(mok, word, b.const(IDLE_META), hint="mw"))
+        out.append(b.select(mok, word, b.const(self.target.sparse_idle_metadata), hint="mw"))
         row = self.op2("mul", kt, s["NT"], hint="bt")
         for j in range(WARP_N_TILES):
             tile = self.op2("add", row, self.op2("add", self.nt0, j, hint="bt"), hint="bt")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..activation.layout import ROW_TILE, ActivationLayout
 from ..activation.spec import SparsifySpec
 from ..ir import BF16, BOOL, F16, F32, U16, U32, BufferParam, ConstTable, GridDim, Kernel, Value
-from ..targets import TARGETS
+from ..targets.base import TARGETS
 from .parts.emit import Emitter
 from .parts.shell import finish_kernel
 
@@ -125,7 +125,7 @@ class _SparsifyLowering(Emitter):
         if spec.stats:
             buffers.append(BufferParam("colz", U32, "readwrite"))
         tables = []
-        if self.layout.kind == "cuda_mma_sp":
+        if self.layout.fragment_order:
             tables = [ConstTable("value_pair", U32, tuple(int(v) for v in self.layout.value_pair_table.ravel())),
                       ConstTable("meta_lane", U32, tuple(int(v) for v in self.layout.meta_lane_table.ravel()))]
         return finish_kernel(
@@ -228,7 +228,7 @@ class _SparsifyLowering(Emitter):
         word = self.op2("or", lo, self.op2("shl", hi, 16, hint="pw"), hint="pw")
         r = self.op2("add", self.g, 8 * rowsel, hint="r")        # row in tile
         c = self.op2("add", self.op2("mul", self.h, 4, hint="cp"), j, hint="cp")  # pair in tile
-        if self.layout.kind == "cuda_mma_sp":
+        if self.layout.fragment_order:
             tile = self.op2("add", self.op2("mul", mt, self.s["KT"], hint="tb"), kt, hint="tb")
             inner = b.value("table", [self.op2("add", self.op2("mul", r, 8, hint="ti"), c, hint="ti")], U32,
                             {"name": "value_pair"}, hint="vp")
@@ -241,7 +241,7 @@ class _SparsifyLowering(Emitter):
 
     def store_meta(self, mt: Value, kt: Value, word: Value) -> None:
         b = self.b
-        if self.layout.kind == "cuda_mma_sp":
+        if self.layout.fragment_order:
             tile = self.op2("add", self.op2("mul", self.op2("div", mt, 2, hint="tp"), self.s["KT"], hint="tb"), kt, hint="tb")
             sel = self.op2("add", self.op2("mul", self.op2("rem", mt, 2, hint="F"), 16, hint="ml"),
                           self.op2("add", self.op2("mul", self.g, 2, hint="ml"), self.h, hint="ml"), hint="ml")

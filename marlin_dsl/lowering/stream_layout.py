@@ -40,7 +40,7 @@ from ..errors import ScheduleError
 from ..formats import Format, NMSparsity
 from ..formats.bitstream import unpack_bits
 from ..formats.tensors import PackedWeights
-from ..targets import Target
+from ..targets.base import Target
 
 #: Words each lane loads at once (one 128-bit vector load).
 VECTOR_WORDS = 4

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..formats import Format, NMSparsity
 from ..mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
-from ..targets import Target
+from ..targets.base import Target
 from .stream_layout import VECTOR_WORDS, StreamLayout, stream_layout
 
 

@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from ..errors import ScheduleError, SourceLocation
 from ..formats import Format
-from ..targets import Target
+from ..targets.base import Target
 
 
 class ScheduleShape(Protocol):

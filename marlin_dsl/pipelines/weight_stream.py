@@ -9,7 +9,7 @@ from typing import Literal
 from ..errors import ScheduleError
 from ..formats import Format
 from ..lowering.stream_layout import stream_layout
-from ..targets import Target
+from ..targets.base import Target
 from .base import ScheduleShape, register_pipeline, require_positive
 
 

@@ -86,7 +86,7 @@ def _h_frag_load(m: _Machine, op: Op) -> Fn:
 
 def _h_frag_build(m: _Machine, op: Op) -> Fn:
     """Scatter every lane's elements into the warp's tile through the target's lane layout."""
-    from ...targets import TARGETS
+    from ...targets.base import TARGETS
 
     t = op.result.type
     assert isinstance(t, FragmentType)
@@ -173,7 +173,7 @@ def _h_mma(m: _Machine, op: Op) -> Fn:
 def _h_mma_sp(m: _Machine, op: Op) -> Fn:
     """c + A @ b with A (rows x 2*cols) rebuilt per warp from the compressed a and the metadata
     words of the lanes that the target's table names for the selector."""
-    from ...targets import TARGETS
+    from ...targets.base import TARGETS
 
     a, b, c, e = (m.slot(v) for v in op.operands)
     r = m.slot(op.result)

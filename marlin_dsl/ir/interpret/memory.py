@@ -321,7 +321,7 @@ def _h_async_wait(m: _Machine, op: Op) -> Fn:
 
 def _h_frag_elems(m: _Machine, op: Op) -> Fn:
     """Gather every lane's elements from the warp's tile through the target's lane layout."""
-    from ...targets import TARGETS
+    from ...targets.base import TARGETS
 
     t = op.operands[0].type
     assert isinstance(t, FragmentType)

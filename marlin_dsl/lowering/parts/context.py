@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ...ir import F32, FragmentType, ScalarType, Value
 from ...schedule import Gemm
-from ...targets import Target
+from ...targets.base import Target
 from .emit import Emitter
 
 

@@ -39,7 +39,7 @@ class RegisterFetch(GemmParts):
         # Where the tile is absent the MMA still runs (its rows are never stored): give it the
         # valid ordered positions (0, 1) in every group (0b0100 per field), not zeros, whose
         # result is undefined on the hardware.
-        valid = b.const(0x44444444)
+        valid = b.const(self.target.sparse_idle_metadata)
         if size == 1:
             return b.select(pred, b.load("meta", idx, U32, pred, hint="meta"), valid, hint="meta")
         loaded = b.value("vload", [idx, pred], VectorType(U32, size), {"buffer": "meta", "size": size}, hint="meta")

@@ -11,13 +11,13 @@ from fractions import Fraction
 from math import lcm
 from pathlib import Path
 
-from .backends.metal import DIMS_NAME, MetalSource, print_metal
-from .compiler import CompiledGemm
-from .formats import Format
-from .formats.format import PARAMETER_ARRAYS
-from .formats.scaling import PER_COLUMN
-from .formats.text import format_to_text
-from .ir.text import print_kernel
+from .printer import DIMS_NAME, MetalSource, print_metal
+from ...compiler import CompiledGemm
+from ...formats import Format
+from ...formats.format import PARAMETER_ARRAYS
+from ...formats.scaling import PER_COLUMN
+from ...formats.text import format_to_text
+from ...ir.text import print_kernel
 
 HEADER_BEGIN = "// ---- marlin-dsl: header begin ----\n"
 HEADER_END = "// ---- marlin-dsl: header end ----\n"
@@ -26,7 +26,7 @@ BODY_END = "// ---- marlin-dsl: body end ----\n"
 
 
 def _version() -> str:
-    from . import __version__
+    from ... import __version__
 
     return __version__
 

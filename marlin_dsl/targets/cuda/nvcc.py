@@ -1,4 +1,4 @@
-"""nvcc compile checks of printed CUDA (no GPU needed): the printed text of `backends/cuda.py`
+"""nvcc compile checks of printed CUDA (no GPU needed): the printed text of `targets/cuda/printer.py`
 compiled to a cubin per architecture, several kernels per translation unit, cached."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .cuda import CudaSource
+from .source import CudaSource
 
 # No GPU is needed: nvcc compiles the printed text to a cubin per architecture, so the front end,
 # NVVM and ptxas (the PTX of the inline mma.sync included) all check it. Several kernels go in one
@@ -18,7 +18,7 @@ NVCC_FLAGS = ("-std=c++17",)
 
 #: A stand-in for MLX's `mlx/backend/cuda/device/utils.cuh` (which is not installed with MLX's
 #: CPU wheels): what the generated signature relies on, so that `mlx_source()` compiles too.
-MLX_UTILS_STUB = """// Stand-in for MLX's device/utils.cuh (written by marlin_dsl.backends.cuda_nvcc for nvcc checks).
+MLX_UTILS_STUB = """// Stand-in for MLX's device/utils.cuh (written by marlin_dsl.targets.cuda.nvcc for nvcc checks).
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -78,7 +78,7 @@ def _cache_dir(cache_dir: str | Path | None) -> Path:
     """`cache_dir`, else $MARLIN_NVCC_CACHE, else the per-user cache's nvcc/ (marlin_dsl/cache.py)."""
     import os
 
-    from ..cache import cache_dir as user_cache_dir
+    from ...cache import cache_dir as user_cache_dir
 
     explicit = cache_dir or os.environ.get("MARLIN_NVCC_CACHE")
     if not explicit:
@@ -171,7 +171,7 @@ def nvcc_check(sources: Iterable[CudaSource], archs: Iterable[str] = ("sm_80", "
     work = [(u, a) for a in archs for u in units]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(lambda w: run(*w), work))
-    from ..cache import prune
+    from ...cache import prune
 
     prune(root, keep=tuple(Path(r.output) for r in results if r.ok and r.output))  # bounded
     return results

@@ -48,12 +48,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import CompileError
-from ..ir.core import Block, Kernel, Op, Value
-from ..ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
-from ..ir.verify import verify_legal
-from ..targets import METAL
-from .c_printer import CPrinter
+from ...errors import CompileError
+from ...ir.core import Block, Kernel, Op, Value
+from ...ir.verify import verify_legal
+from ...ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
+from .description import METAL
+from ..c_printer import CPrinter
 
 __all__ = ["MetalSource", "print_metal", "metal_type", "MLX_ATTRIBUTES", "DIMS_NAME"]
 
@@ -125,7 +125,7 @@ def _round_float(value: float, t: ScalarType) -> float:
     if t == F16:
         return float(np.float16(value))
     if t == BF16:
-        from ..ir.numerics import _f64_to_f32_odd, round_bf16
+        from ...ir.numerics import _f64_to_f32_odd, round_bf16
         return float(round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))[0])
     raise TypeError(t)
 

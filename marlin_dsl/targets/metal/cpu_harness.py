@@ -1,4 +1,4 @@
-"""Run the Metal text `marlin_dsl.backends.metal` emits on the CPU, on Linux, without a GPU.
+"""Run the Metal text `marlin_dsl.targets.metal.printer` emits on the CPU, on Linux, without a GPU.
 
 The exact kernel text MLX would compile (header + MLX-style signature + body, see
 `MetalSource.full_source`) is compiled by g++ as C++20 against `codegen/metal_shim.h`, with a
@@ -44,9 +44,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..backends.metal import DIMS_NAME, MetalSource, print_metal
-from ..errors import MarlinDSLError
-from ..ir.core import Kernel
+from .printer import DIMS_NAME, MetalSource, print_metal
+from ...errors import MarlinDSLError
+from ...ir.core import Kernel
 
 __all__ = ["CompiledMetal", "MetalCPUError", "compile_many", "compile_metal", "find_compiler",
            "run_metal_cpu", "shim_path", "DEFAULT_FLAGS"]
@@ -100,7 +100,7 @@ def _cache_dir() -> Path:
         d = Path(explicit)
         d.mkdir(parents=True, exist_ok=True)
         return d
-    from ..cache import cache_dir
+    from ...cache import cache_dir
 
     return cache_dir("metal_cpu")
 
@@ -125,7 +125,7 @@ def launcher_source(src: MetalSource, kernel_name: str = _KERNEL_NAME) -> str:
     args += [f"ids.{a}" for _, a in src.attributes]
     call = f"{kernel_name}(\n      " + ",\n      ".join(args) + ")"
     return f"""
-// ----- marlin_dsl.harness.metal_cpu launcher -----
+// ----- marlin_dsl.targets.metal.cpu_harness launcher -----
 namespace mtl_launcher {{
 static void run(void* ctx, const mtl_rt::Ids& ids) {{
   void** b = (void**)ctx;
@@ -263,7 +263,7 @@ class _Guarded:
 
 def _to_storage(flat: np.ndarray, dtype: str, name: str) -> np.ndarray:
     if dtype == "bfloat16_t":
-        from ..runtime import round_to_activation
+        from ...runtime import round_to_activation
         bits = round_to_activation(flat.astype(np.float32), "bf16").view(np.uint32) >> np.uint32(16)
         return bits.astype(np.uint16)
     storage = np.dtype(_STORAGE[dtype])
@@ -340,7 +340,7 @@ def compile_metal(source: MetalSource | Kernel, *, flags: Iterable[str] = DEFAUL
         raise MetalCPUError(f"g++ rejected the Metal text of kernel {src.name} ({cpp}):\n{proc.stderr[:6000]}",
                             "compile")
     os.replace(tmp, so)
-    from ..cache import prune
+    from ...cache import prune
 
     prune(root, keep=(so, cpp))  # bounded: least recently used builds go first
     return CompiledMetal(src, so, text)

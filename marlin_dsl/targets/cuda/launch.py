@@ -8,7 +8,7 @@ to get y [M, N] as an MLX array in the kernel's activation type.
 Buffers, as `runtime.gemm_buffers` lays them out for every executor: x (flat [M, K] in the
 activation type), the packed arrays by name (flat), `dims` = [M, N, K] (u32), then the outputs.
 The striped pipeline's `counters` (one u32 per output tile; the kernel finds them zero and
-leaves them zero) are passed as a zeroed *input* (see `backends/cuda.py`, `inout_inputs`), so
+leaves them zero) are passed as a zeroed *input* (see `targets/cuda/printer.py`, `inout_inputs`), so
 that every real output (y, and the striped pipeline's f32 `partials`) can be poisoned with NaN
 through `init_value`: an element the kernel fails to write stays NaN. `poison=False` leaves
 outputs uninitialised (no fill kernels, for timing). Each launch gets its own zeroed counters
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..ir.core import Kernel
-from .cuda import CudaSource, print_cuda
+from ...errors import ShapeError
+from ...ir.core import Kernel
+from .printer import print_cuda
+from .source import CudaSource
 
 __all__ = ["CudaGemm", "CudaWeights", "build_cuda_kernel", "gemm_inout_inputs", "cuda_executor"]
 
@@ -102,7 +103,7 @@ class CudaGemm:
         if self.format_name is not None and getattr(packed, "format", None) is not None \
                 and packed.format.name != self.format_name:
             raise ShapeError(f"packed: format {packed.format.name!r} is not the kernel's {self.format_name!r}")
-        from ..runtime import physical_arrays
+        from ...runtime import physical_arrays
 
         arrays = physical_arrays(self.source.attrs, packed)  # the target's layout, chosen here
         out = {}

@@ -1,0 +1,230 @@
+"""The `Target` protocol: what the lowering, the passes and the interpreter may know about a
+target, as data (MMA shapes, the lanes' register tables, the sparse metadata table, limits and
+the few constants of its memory system), plus the registry of targets and their printers.
+
+Each target is one folder (`targets/metal/`, `targets/cuda/`): its description (a `Target`
+value), its printer, its launcher and its runtime. Everything target-specific (spelling,
+fragment layouts, physical weight layouts, tuned tile tables) lives there; code outside reads a
+`Target` and never branches on its name (tests/test_target_boundary.py keeps it so).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import CompileError
+
+
+class SparseMetadataFields(NamedTuple):
+    """One row per 2-bit metadata field (sorted by lane, then bit offset): bits
+    [bit_offsets[i] + 1 : bit_offsets[i]] of lane `lanes[i]`'s metadata word hold the in-group
+    index (0..3) of the kept value in slot `slots[i]` (0: the lower of the two, 1: the higher;
+    compressed column 2 * group + slot) of group `groups[i]` (logical columns 4 * group ..
+    4 * group + 3) of row `rows[i]` of A. Lanes not listed are not read."""
+
+    lanes: np.ndarray
+    bit_offsets: np.ndarray
+    rows: np.ndarray
+    groups: np.ndarray
+    slots: np.ndarray
+
+
+#: (role, rows, cols) of an MMA operand tile -> (row[lane, e], col[lane, e]) of the element
+#: each lane holds in register order.
+LaneTables = Mapping[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
+
+#: The row-major physical layout of a sparsified activation operand (every target reads it).
+ROW_MAJOR = "row_major"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target as data. Only generic fields: code reads the fields, never the name."""
+
+    name: str
+    mma: tuple[int, int, int]  # (m, n, k) of one MMA instruction
+    warp_size: int
+    max_threads: int
+    max_shared_bytes: int
+    #: (m, n, k) of the 2:4 structured-sparse MMA (k counts the logical, uncompressed A
+    #: columns; A is passed compressed, m x k/2, with per-lane metadata), or None
+    sparse_mma: tuple[int, int, int] | None = None
+    #: the lanes' register tables of the MMA operands that the target exposes (opaque ones
+    #: are absent): `lane_elements` reads them
+    lane_tables: LaneTables = field(default_factory=dict, compare=False, repr=False)
+    #: sparsity selector -> the metadata fields the sparse MMA reads (empty: no sparse MMA)
+    metadata_tables: Mapping[int, SparseMetadataFields] = field(default_factory=dict, compare=False,
+                                                                repr=False)
+    #: bytes of padding after each activation row staged in shared memory (bank conflicts)
+    shared_row_pad_bytes: int = 0
+    #: bytes of the widest asynchronous global -> shared copy (0: no asynchronous copies)
+    async_copy_bytes: int = 0
+    #: a metadata word the sparse MMA accepts (valid ordered positions in every field), for
+    #: tiles that are absent; None without a sparse MMA
+    sparse_idle_metadata: int | None = None
+    #: the physical layout of a sparsified activation operand that the sparse MMA reads in
+    #: fragment order (`activation/layout.py`); None: the row-major layout
+    sparse_activation_layout: str | None = None
+    #: physical weight layouts (other than the format's own) that the target's kernels read
+    weight_layouts: tuple[str, ...] = ()
+
+    @property
+    def mma_m(self) -> int:
+        return self.mma[0]
+
+    @property
+    def mma_n(self) -> int:
+        return self.mma[1]
+
+    @property
+    def mma_k(self) -> int:
+        return self.mma[2]
+
+    def lane_elements(self, role: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Which elements of an MMA operand tile each lane holds in its registers, in register
+        order: (row[lane, e], col[lane, e]), or None where the target keeps them opaque.
+        `frag_build` and the weight layouts that feed fragments straight from registers
+        (`lowering/stream_layout.py`) read this table; nothing else hard-codes it."""
+        table = self.lane_tables.get((role, rows, cols))
+        if table is None:
+            return None
+        return table[0].copy(), table[1].copy()  # callers may index into them freely
+
+    def sparse_metadata(self, selector: int) -> SparseMetadataFields | None:
+        """Where the sparse MMA (`sparse_mma`) reads the positions of A's kept values, for
+        sparsity selector `selector`: every 2-bit field of the per-lane u32 metadata words that
+        the instruction reads, as parallel int arrays (see `SparseMetadataFields`), or None
+        where the target has no sparse MMA. A selector the target does not have raises
+        ValueError. `mma_sp` (interpreter) and the sparse weight layouts read this table."""
+        if self.sparse_mma is None or not self.metadata_tables:
+            return None
+        if selector not in self.metadata_tables:
+            allowed = " or ".join(str(s) for s in sorted(self.metadata_tables))
+            raise ValueError(f"{self.name}: sparsity selector must be {allowed}, got {selector!r}")
+        return SparseMetadataFields(*(a.copy() for a in self.metadata_tables[selector]))
+
+    @property
+    def activation_layout(self) -> str:
+        """The physical layout of a sparsified activation operand on this target."""
+        return self.sparse_activation_layout or ROW_MAJOR
+
+
+def reader_of(layout: str) -> Target:
+    """The registered target whose kernels read physical weight layout `layout` (the layout
+    was made from its lane tables)."""
+    for target in TARGETS.values():
+        if layout in target.weight_layouts:
+            return target
+    raise CompileError(f"no target reads weight layout {layout!r}")
+
+
+# ----- printers ---------------------------------------------------------------------------------
+
+
+class Source(Protocol):
+    """What a printer returns: the kernel's name and its complete text."""
+
+    name: str
+
+    def full_source(self) -> str: ...
+
+
+Printer = Callable[[Any], Source]
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """What a target's launcher offers: made from a compiled kernel (`TargetRuntime.launcher`),
+    called with the packed weights and the activations x [M, K], returning y [M, N] as an MLX
+    array (`targets/cuda/launch.py`, `targets/metal/launch.py`)."""
+
+    def __call__(self, weights: Any, x: Any) -> Any: ...
+
+
+#: Every target, by name (filled by the target packages, `targets/<name>/__init__.py`).
+TARGETS: dict[str, Target] = {}
+_PRINTERS: dict[str, Printer] = {}
+
+
+def register(target: Target, printer: Printer) -> Target:
+    """Add a target and its printer to the registry (once per name)."""
+    if target.name in TARGETS and TARGETS[target.name] is not target:
+        raise CompileError(f"target {target.name!r} is registered twice")
+    TARGETS[target.name] = target
+    _PRINTERS[target.name] = printer
+    return target
+
+
+def emit(kernel: Any, target: Target) -> Source:
+    """The kernel printed for `target` (its default printing: what the tests pin)."""
+    printer = _PRINTERS.get(target.name)
+    if printer is None:
+        raise CompileError(f"no printer for target {target.name!r}; known: {sorted(_PRINTERS)}")
+    return printer(kernel)
+
+
+# ----- runtimes: what the layers and the CLI use of a target ------------------------------------
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What writing a compiled kernel out gave: the text that ships (None where the target
+    ships no text without an output folder) and the files written."""
+
+    text: str | None
+    files: list = field(default_factory=list)
+
+
+class NativeKernel(Protocol):
+    """The shipped text of one kernel built for a native executor off the target hardware."""
+
+    def run(self, buffers: dict, scalars: dict, seed: int = 0) -> dict: ...
+
+
+class NativeCheck(Protocol):
+    """A check of the exact shipped text (e.g. the Metal CPU harness) beside the interpreter."""
+
+    #: the compile table's column for its result
+    column: str
+    #: the legend line: what the column checks, and what it says where it cannot run
+    note: str
+    unavailable_note: str
+
+    def available(self) -> bool: ...
+
+    def build(self, compiled: Any, shipped_text: str) -> NativeKernel: ...
+
+
+@dataclass(frozen=True)
+class LayerKernel:
+    """One compiled GEMM ready for `layers.dispatch` to bind to an activation shape: the MLX
+    kernel object, its parameter names, the `dims` input, grid and threadgroup (in MLX's
+    thread units), and the weight layout it reads (None: the format's own)."""
+
+    kernel: Any
+    name: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    dims: tuple[int, ...]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    weight_layout: str | None
+
+
+class TargetRuntime(Protocol):
+    """A target above the compiler: shipping, native checks and layer launches. Each target
+    package has one (`targets/<name>/runtime.py`, `RUNTIME`); `targets.runtimes` lists them."""
+
+    target: Target
+    #: a check of the shipped text beside the interpreter, or None
+    native_check: NativeCheck | None
+
+    def ship(self, compiled: Any, spec_path: Any, out_dir: Any) -> Shipped: ...
+
+    def launcher(self, kernel: Any) -> Launcher: ...
+
+    def layer_layout(self, fmt: Any, k: int, n: int) -> str | None: ...
+
+    def layer_kernel(self, fmt: Any, activation: str, m: int, k: int, n: int) -> LayerKernel: ...

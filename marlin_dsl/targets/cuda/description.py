@@ -1,0 +1,48 @@
+"""The CUDA target as data: mma.sync m16n8k16 and the 2:4 sparse mma.sp m16n8k32, their lanes'
+register tables (PTX ISA, and `sparse_layout.py`, the hardware-checked model of mma.sp), the
+sparse metadata table, limits and the constants of the memory system the lowering needs."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import SparseMetadataFields, Target
+from . import sparse_layout as sl
+
+
+def _dense_lane_elements(role: str) -> tuple[np.ndarray, np.ndarray]:
+    """PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type": lane = 4 g + t; a
+    .b32 register holds two 16-bit elements, the lower column (A) or lower row (B) in its low
+    half."""
+    lane = np.arange(32)[:, None]
+    g, t = lane // 4, lane % 4
+    if role == "a":  # registers: (g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
+        reg, half = np.arange(8)[None, :] // 2, np.arange(8)[None, :] % 2
+        return g + 8 * (reg % 2), 2 * t + 8 * (reg // 2) + half
+    if role == "b":  # k x n: (2t.., g), (2t+8.., g)
+        reg, half = np.arange(4)[None, :] // 2, np.arange(4)[None, :] % 2
+        return 2 * t + 8 * reg + half + 0 * g, g + 0 * reg
+    reg, half = np.arange(4)[None, :] // 2, np.arange(4)[None, :] % 2  # c: (g, 2t..), (g+8, 2t..)
+    return g + 8 * reg + 0 * half, 2 * t + half + 0 * reg
+
+
+_LANE_TABLES = {
+    ("a", 16, 16): _dense_lane_elements("a"),
+    ("b", 16, 8): _dense_lane_elements("b"),
+    ("c", 16, 8): _dense_lane_elements("c"),
+    ("b", 32, 8): sl.b_coords(),  # the sparse m16n8k32's B (k x n)
+}
+
+_METADATA_TABLES = {sel: SparseMetadataFields(*sl.metadata_fields(sel)) for sel in (0, 1)}
+
+#: NVIDIA: mma.sync m16n8k16. Shared memory per block: 48 KB statically, up to 163 KB (sm_80's
+#: opt-in maximum; sm_90 allows 227 KB) as one dynamic block that the launch requests.
+#: 2:4 sparse: mma.sp::ordered_metadata m16n8k32 (f16/bf16 in, f32 accumulate), whose
+#: register layout is targets/cuda/sparse_layout.py (checked on an H100). Activation rows in
+#: shared memory are padded by 16 bytes (bank conflicts of the ldmatrix-free fragment loads);
+#: cp.async copies up to 16 bytes; 0x44444444 (every nibble 0b0100: positions 0 and 1) is an
+#: ordered metadata word for tiles that are absent (zeros are undefined on the hardware).
+CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_bytes=163 * 1024,
+              sparse_mma=(sl.SPARSE_M, sl.SPARSE_N, sl.SPARSE_K), lane_tables=_LANE_TABLES,
+              metadata_tables=_METADATA_TABLES, shared_row_pad_bytes=16, async_copy_bytes=16,
+              sparse_idle_metadata=0x44444444, sparse_activation_layout="cuda_mma_sp",
+              weight_layouts=("lane_stream",))  # lowering/stream_layout.py LAYOUT_NAME

@@ -1,0 +1,130 @@
+"""The CUDA target above the compiler (`RUNTIME`, a `TargetRuntime`): what `marlin-dsl compile
+-o` writes for a kernel (the IR, a complete .cu and a manifest a launcher can rebuild the
+`CudaSource` from), and kernels compiled on first use for `quantized_linear` (MLX's CUDA
+backend), lowered, passed and printed as `marlin-dsl compile` does, and launched through
+`build_cuda_kernel`.
+
+The schedule follows the rows of x: the weight-stream pipeline's schedule for that many rows
+(`tuning.stream_schedule`) where the format has a weight-stream layout on CUDA, else the
+format's default schedule. Kernels are cached per (format, activation, schedule) for the process;
+the weights' CUDA layout is made once per packed weight (`cuda_weights`)."""
+from __future__ import annotations
+
+import json
+import weakref
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ...compiler import CompiledGemm, compile_gemm
+from ...errors import ScheduleError
+from ...formats import Format, PackedWeights
+from ...ir.core import Kernel
+from ...ir.text import print_kernel
+from ...lowering.stream_layout import LAYOUT_NAME, stream_layout
+from ...schedule import Gemm, Schedule, default_schedule
+from ..base import LayerKernel, Shipped, Target
+from .description import CUDA
+from .launch import CudaGemm, CudaWeights, build_cuda_kernel
+from .printer import print_cuda
+from .tuning import stream_schedule
+
+
+def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
+    """The schedule `quantized_linear` runs `fmt` with for m rows of activations (and a [K, N]
+    weight) on CUDA."""
+    try:
+        return stream_schedule(fmt, m, CUDA, k, n)
+    except ScheduleError:  # no weight-stream layout for this format (block patterns, 4:8, 3-bit)
+        return default_schedule(fmt)
+
+
+@lru_cache(maxsize=None)
+def cuda_gemm(fmt: Format, activation: str, schedule: Schedule | None = None) -> CudaGemm:
+    schedule = schedule or default_schedule(fmt)
+    gemm = Gemm(f"{fmt.name}_{activation}_{schedule.name}", fmt, schedule, activation)
+    return build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
+
+
+#: id(packed) -> (weak reference to it, {layout: CudaWeights}): one conversion per weight.
+_WEIGHTS: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def cuda_weights(gemm: CudaGemm, packed: PackedWeights) -> CudaWeights:
+    """`packed` (numpy or MLX arrays) as the flat MLX arrays `gemm` reads, in its layout."""
+    import mlx.core as mx
+
+    layout = gemm.source.attrs.get("weight_layout")
+    if layout is None:  # the format's own layout: no copy
+        flat = {n: a.reshape(-1) for n, a in packed.arrays.items()}
+        return CudaWeights(flat, tuple(int(v) for v in packed.shape), packed.format.name)
+    key = id(packed)
+    entry = _WEIGHTS.get(key)
+    if entry is None or entry[0]() is not packed:
+        entry = _WEIGHTS[key] = (weakref.ref(packed, lambda _, k=key: _WEIGHTS.pop(k, None)), {})
+    if layout not in entry[1]:
+        host = PackedWeights(packed.format, packed.shape, {n: np.array(a) for n, a in packed.arrays.items()},
+                             packed.layout)
+        weights = gemm.weights(host)
+        mx.eval(*weights.arrays.values())
+        entry[1][layout] = weights
+    return entry[1][layout]
+
+
+def write_cuda_kernel(compiled: CompiledGemm, out_dir: Path) -> list[Path]:
+    """out_dir/<gemm>/: the kernel IR, a complete translation unit (prelude, tables, kernel with
+    MLX's parameter list: what nvcc compiles in the tests and what mx.fast.cuda_kernel receives
+    in parts) and manifest.json, everything a launcher needs: CudaSource.from_json(
+    json.load(...)["source"]) gives the source back; the weights must be in the kernel's
+    physical layout (weight_layout)."""
+    name, target = compiled.gemm.name, compiled.target.name
+    folder = out_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.{target}.ir").write_text(print_kernel(compiled.kernel))
+    src = print_cuda(compiled.kernel)
+    (folder / f"{name}.cu").write_text(src.full_source())
+    layout = src.attrs.get("weight_layout", "linear")
+    (folder / "manifest.json").write_text(json.dumps({
+        "kernel": name, "target": target, "weight_layout": layout,
+        "weights": "as marlin_dsl.pack(format, w) gives them" if layout == "linear" else
+                   "marlin_dsl.runtime.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
+        "source": src.to_json()}, indent=1, sort_keys=True) + "\n")
+    return [folder / f"{name}.{target}.ir", folder / f"{name}.cu", folder / "manifest.json"]
+
+
+class CudaRuntime:
+    """`TargetRuntime` of CUDA."""
+
+    target: Target = CUDA
+    native_check = None  # the printed text is checked by nvcc and on the GPU (tests, bench/)
+
+    def ship(self, compiled: CompiledGemm, spec_path: Path | None, out_dir: Path | None) -> Shipped:
+        """With `out_dir`, the kernel's files (`write_cuda_kernel`); without, nothing is printed."""
+        return Shipped(None, [] if out_dir is None else write_cuda_kernel(compiled, out_dir))
+
+    def launcher(self, kernel: Kernel) -> CudaGemm:
+        """The in-process launcher of a compiled GEMM kernel (the `Launcher` protocol)."""
+        return build_cuda_kernel(kernel)
+
+    def layer_layout(self, fmt: Format, k: int, n: int) -> str | None:
+        """The weight-stream layout where the format has one (its kernels read it), else the
+        format's own layout (the fused kernel)."""
+        try:
+            stream_layout(fmt, CUDA)
+        except ScheduleError:
+            return None
+        return LAYOUT_NAME
+
+    def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel:
+        """The kernel for m rows (`cuda_schedule`), bound to `mx.fast.cuda_kernel`."""
+        gemm = cuda_gemm(fmt, activation, cuda_schedule(fmt, m, k, n))
+        source = gemm.source
+        scalars = {"M": m, "N": n, "K": k}
+        grid, threadgroup = source.launch_dims(scalars)
+        return LayerKernel(gemm.kernel, source.name, tuple(source.input_names), tuple(source.output_names),
+                           tuple(int(v) for v in source.dims(scalars)), grid, threadgroup,
+                           source.attrs.get("weight_layout"))
+
+
+RUNTIME = CudaRuntime()

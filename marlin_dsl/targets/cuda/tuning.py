@@ -1,0 +1,66 @@
+"""CUDA's tuned tile tables: the schedule the weight-stream and multistage pipelines run with
+for M rows of activations (and a [K, N] weight), from measurements on an H100
+(bench/results/gpu/). `runtime.cuda_schedule` and the benchmarks pick schedules here."""
+from __future__ import annotations
+
+from ...formats import Format
+from ...lowering.stream_layout import stream_layout
+from ...schedule import Multistage, Schedule, WeightStream
+from ..base import Target
+from .description import CUDA
+
+__all__ = ["multistage_schedule", "stream_schedule"]
+
+
+def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
+                    n: int | None = None) -> Schedule:
+    """The weight-stream schedule for M rows of activations (and, when known, the weight's
+    [K, N]): tiles one MMA wide in M (8 or 16 rows) and many warps splitting K, so that enough
+    128-bit weight loads are in flight; larger M runs several 16-row threadgroups over the same
+    weights (served from L2 after the first)."""
+    target = target or CUDA  # None: this target (callers may pass another description)
+    tile_k = stream_layout(fmt, target).dense_chunk
+
+    def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1) -> Schedule:
+        return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
+                        warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
+
+    # From ncu on an H100 (bench/results/gpu/ncu_kshuffle_probe_h100_2026-11-22.json and
+    # ncu_large_m_probe_h100_2026-11-22.json): 16 warps splitting K win at M <= 8 (more loads
+    # in flight); at M <= 16 they win where K > N (few N tiles to spread), 8 warps elsewhere;
+    # up to 64 rows, 32-row tiles where N <= K.
+    wide_n = k is not None and n is not None and n > k
+    if m <= 8:
+        return make("stream_m8", 8, 16)
+    if m <= 16:
+        if k is not None and n is not None and k > n:
+            return make("stream_m16_long_k", 16, 16, depth=2)
+        return make("stream_m16", 16, 8)
+    if m <= 64 and not wide_n:
+        return make("stream_m32", 32, 8)
+    # Beyond 64 rows, and from 17 where N > K, the multistage pipeline
+    # (bench/results/gpu/ncu_m64_m128_probe_h100_2026-11-22.json: at M = 64 on 4096 x 14336
+    # its 64 x 128 tiles take 67 us for fp4 and 49 us for fp4 2:4, the weight-stream 64-row
+    # tiles 78 and 166 us; where N <= K the weight-stream tiles stay ahead: 82 vs 213 us).
+    return multistage_schedule(fmt, m, target, k, n)
+
+
+#: Threadgroups below which the large tiles leave an H100's 132 SMs too idle.
+_FULL_GRID = 100
+
+
+def multistage_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
+                        n: int | None = None) -> Schedule:
+    """The multistage schedule for M rows (M > 64): 128 x 256 tiles (8 warps, each 64 M x 64 N
+    rows, 3 stages) where they give the GPU enough threadgroups, else 64 x 128 (4 warps, each
+    32 x 64, 4 stages). From bench/results/gpu/multistage_probe_h100_2026-11-22.json: at M =
+    2048 the large tiles are fastest (273 us dense, 212 us 2:4 at 4096 x 4096); at M = 256 on
+    N = 4096 they make 32 threadgroups and the small ones win."""
+    target = target or CUDA  # None: this target (callers may pass another description)
+    tile_k = stream_layout(fmt, target).dense_chunk
+    n_eff = n if n is not None else 4096
+    if -(-m // 128) * -(-n_eff // 256) >= _FULL_GRID:
+        return Schedule("multistage_large", tile_m=128, tile_n=256, tile_k=tile_k, warps_m=2, warps_n=4,
+                        pipeline=Multistage(stages=3))
+    return Schedule("multistage_small", tile_m=64, tile_n=128, tile_k=tile_k, warps_m=2, warps_n=2,
+                    pipeline=Multistage(stages=4))
