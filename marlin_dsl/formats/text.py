@@ -32,7 +32,7 @@ from ..errors import FormatError, SourceLocation
 from ..grammar import read_grammar
 from .encodings import FloatEncoding, IntEncoding, TableEncoding
 from .format import Format, Packing
-from .scaling import PER_COLUMN, GroupBias, GroupScale, ZeroPoint
+from .scaling import PER_COLUMN, SCALE_SCHEMES, GroupBias, GroupScale, ZeroPoint
 from .sparsity import BlockPatternSparsity, NMSparsity
 
 
@@ -184,6 +184,14 @@ def _group_size(value: Value) -> int | str:
 
 
 Checker = Callable[[Value], Any]
+
+
+def _scheme_kinds() -> dict[str | None, tuple[type, tuple[tuple[str, str, Checker], ...]]]:
+    """The `scale <kind>(...)` lines of the scale schemes (formats/scaling/), from each
+    scheme's own `text_kind` and `text_attrs`."""
+    checkers: dict[str, Checker] = {"int": _int, "ident": _ident, "group_size": _group_size}
+    return {kind: (cls, tuple((text, name, checkers[check]) for text, name, check in cls.text_attrs))
+            for kind, cls in SCALE_SCHEMES.items()}
 #: (class, ((text attribute, dataclass field, checker), ...)); the order is the printed order.
 _Kind = tuple[type, tuple[tuple[str, str, Checker], ...]]
 
@@ -200,7 +208,8 @@ _ITEMS: dict[str, dict[str | None, _Kind]] = {
     },
     "packing": {"bitstream": (Packing, (("word_bits", "word_bits", _int),))},
     "scale": {"group": (GroupScale, (("size", "group_size", _group_size),
-                                     ("dtype", "dtype", _ident)))},
+                                     ("dtype", "dtype", _ident))),
+              **_scheme_kinds()},
     "zero_point": {None: (ZeroPoint, (("dtype", "dtype", _ident),))},
     "bias": {None: (GroupBias, (("dtype", "dtype", _ident),))},
     "sparsity": {
