@@ -33,5 +33,5 @@ fused = Schedule("fused_64x64x32", pipeline=FusedDequant())
 double_buffered = Schedule("db_64x64x32", tile_m=64, tile_n=64, tile_k=32, warps_m=2, warps_n=2,
                            pipeline=DoubleBuffered())
 
-int4_2l_fused = Gemm("int4_two_level_g64_fused", int4_2l, fused)
-fp4_2l_db = Gemm("fp4_two_level_g32_db", fp4_2l, double_buffered)
+int4_2l_fused = Gemm("int4_2level_g64_fused", int4_2l, fused)
+fp4_2l_db = Gemm("fp4_2level_g32_db", fp4_2l, double_buffered)

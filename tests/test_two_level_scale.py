@@ -146,3 +146,21 @@ def test_nvcc_compiles_the_two_level_kernels(tmp_path: Path) -> None:
     sources = [print_cuda(compile_gemm(g, t).kernel) for g, t in GEMMS if t is CUDA]
     results = nvcc_check(sources, archs=("sm_80",), jobs=2, cache_dir=tmp_path)
     assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
+
+
+def test_mlx_pack_validate_and_dequantize_agree_with_numpy() -> None:
+    mx = pytest.importorskip("mlx.core")
+    from marlin_dsl.layers.validate import validate_mx
+    from marlin_dsl.mlx_ops import dequantize_mx
+    from marlin_dsl.mlx_pack import pack_mx
+
+    fmt = FORMATS["u8"]
+    w = np.random.default_rng(4).standard_normal((64, 9)).astype(np.float32)
+    packed = pack_mx(fmt, mx.array(w))
+    validate_mx(fmt, (64, 9), packed.arrays)
+    reference = m.dequantize(m.pack(fmt, w))
+    assert np.allclose(np.array(dequantize_mx(fmt, (64, 9), packed.arrays)), reference, rtol=1e-6, atol=1e-6)
+    bad = dict(packed.arrays)
+    bad["channel_scales"] = mx.zeros((1, 9), dtype=mx.float32)
+    with pytest.raises(ValueRangeError, match=r"channel_scales\[0, 0\] = 0.0 is not positive"):
+        validate_mx(fmt, (64, 9), bad)

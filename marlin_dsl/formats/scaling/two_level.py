@@ -67,7 +67,7 @@ class TwoLevelScale(Scaling):
                            "per-column scales", "cs", per_group=False))
 
     def describe_parts(self) -> list[str]:
-        return [f"two-level scales ({self.channel_dtype} per column x {self.sub_dtype} per group)"]
+        return [f"{self.channel_dtype} column x {self.sub_dtype} group scales"]
 
     # ----- host side -----------------------------------------------------------------------
 

@@ -1,19 +1,19 @@
-"""MLX launcher for the marlin-dsl kernel fp4_two_level_g32_db (generated; do not edit).
+"""MLX launcher for the marlin-dsl kernel int4_2level_g64_fused (generated; do not edit).
 
-y[M, N] = x[M, K] @ W[K, N], W packed in format fp4_two_level_g32: pass the packed
+y[M, N] = x[M, K] @ W[K, N], W packed in format int4_two_level_g64: pass the packed
 arrays (qweight, scales, channel_scales) as MLX arrays shaped as manifest.json says. Needs only MLX on an Apple GPU.
 """
 from pathlib import Path
 
 import mlx.core as mx
 
-NAME = 'fp4_two_level_g32_db'
+NAME = 'int4_2level_g64_fused'
 INPUT_NAMES = ['x', 'qweight', 'scales', 'channel_scales', 'dims']
 OUTPUT_NAMES = ['y']
 THREADS = 128
-K_MULTIPLE = 32
+K_MULTIPLE = 64
 
-_TEXT = (Path(__file__).resolve().parent / 'fp4_two_level_g32_db.metal').read_text()
+_TEXT = (Path(__file__).resolve().parent / 'int4_2level_g64_fused.metal').read_text()
 HEADER = _TEXT.split('// ---- marlin-dsl: header begin ----\n', 1)[1].split('// ---- marlin-dsl: header end ----\n', 1)[0]
 BODY = _TEXT.split('// ---- marlin-dsl: body begin ----\n', 1)[1].split('// ---- marlin-dsl: body end ----\n', 1)[0]
 _kernel = None
