@@ -176,15 +176,16 @@ def dequantize_mx(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.a
     values = mx.take(table, codes).reshape(k // g, g, n)
     params = {name: parameter_mx(storage, arrays[name])[:, None, :]
               for name, storage in fmt.parameters().items()}
-    if "zeros" in params:
-        values = values - params["zeros"].astype(mx.float32)
-    if "biases" in params and params["biases"].dtype == params["scales"].dtype:
-        t = params["scales"].dtype  # MLX's affine arithmetic: each step rounded to T
-        values = ((values.astype(t) * params["scales"]) + params["biases"]).astype(mx.float32)
+    a = fmt.scaling.affine(params)
+    if a.zero is not None:
+        values = values - a.zero.astype(mx.float32)
+    if a.bias is not None and a.bias.dtype == a.scale.dtype:
+        t = a.scale.dtype  # MLX's affine arithmetic: each step rounded to T
+        values = ((values.astype(t) * a.scale) + a.bias).astype(mx.float32)
     else:
-        values = values * params["scales"].astype(mx.float32)
-        if "biases" in params:
-            values = values + params["biases"].astype(mx.float32)
+        values = values * a.scale.astype(mx.float32)
+        if a.bias is not None:
+            values = values + a.bias.astype(mx.float32)
     values = values.reshape(k, n)
     if keep is not None:
         values = mx.where(keep, values, mx.array(0.0, dtype=mx.float32))

@@ -43,7 +43,7 @@ import numpy as np
 
 from .api import pack
 from .errors import ShapeError
-from .formats import (BlockPatternSparsity, FloatEncoding, Format, IntEncoding, NMSparsity,
+from .formats import (BlockPatternSparsity, FloatEncoding, Format, GroupScale, IntEncoding, NMSparsity,
                       PackedWeights)
 from .formats.quantize import GroupParameters, group_parameters
 from .formats.tensors import check_float_matrix
@@ -60,7 +60,8 @@ def device_exact(fmt: Format) -> bool:
     short_codes = (isinstance(enc, IntEncoding) or
                    (isinstance(enc, FloatEncoding) and enc.man_bits <= 7)) and enc.bits <= 8
     sp = fmt.sparsity
-    common = fmt.scale.dtype in _SHORT_SCALES and fmt.bias is None and enc.bits <= 8
+    common = (isinstance(fmt.scale, GroupScale) and fmt.scale.dtype in _SHORT_SCALES
+              and fmt.bias is None and enc.bits <= 8)
     if short_codes:
         return common and (not isinstance(sp, NMSparsity) or sp.chunk == 1)
     # Value tables (NF4): codes by quotient with an exact host pass for near-ties; N:M

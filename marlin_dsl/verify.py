@@ -113,11 +113,11 @@ def _quantisation_excess(q, w: np.ndarray) -> float:
     g = fmt.group_size_for(k)
     table = fmt.element.table()
     table = table[np.isfinite(table)]  # reserved codes are not representable values
-    params = {name: np.repeat(storage.to_float64(q.parameter(name)), g, axis=0)
-              for name, storage in fmt.parameters().items()}
-    s = params["scales"]
-    z = params.get("zeros", np.zeros_like(s))
-    bias = params.get("biases", np.zeros_like(s))
+    a = fmt.scaling.affine({name: storage.to_float64(q.parameter(name))
+                            for name, storage in fmt.parameters().items()})
+    s = np.repeat(np.broadcast_to(a.scale, (fmt.scale.groups(k), n)), g, axis=0)
+    z = np.zeros_like(s) if a.zero is None else np.repeat(a.zero, g, axis=0)
+    bias = np.zeros_like(s) if a.bias is None else np.repeat(a.bias, g, axis=0)
     candidates = (table[None, None, :] - z[..., None]) * s[..., None] + bias[..., None]
     best = np.abs(candidates - w[..., None]).min(axis=-1)
     err = np.abs(dequantize(q) - w)

@@ -19,7 +19,7 @@ from ..errors import FormatError, ShapeError, SourceLocation
 from ..source import caller_location, record_declaration
 from .bitstream import WORD_DTYPES, fields_per_group
 from .encodings import Encoding
-from .scaling import PER_COLUMN, GroupBias, GroupScale, ZeroPoint
+from .scaling import PER_COLUMN, GroupAffine, GroupBias, GroupScale, Scaling, ZeroPoint
 from .sparsity import BlockPatternSparsity, NMSparsity
 from .storage import StorageType
 
@@ -71,27 +71,27 @@ class BufferSpec:
         return int(np.prod(self.shape)) * self.dtype.itemsize
 
 
-#: The per-group parameter arrays a format may have, in buffer order.
-PARAMETER_ARRAYS = ("scales", "zeros", "biases")
-
-
 @dataclass(frozen=True)
 class Format:
     """A weight format, declared as data.
 
-    value = (table[code] - zero) * scale + bias per group (formats/scaling.py), 0.0 where an
-    N:M format stores nothing. `bias` (MLX's affine mode) is keyword-only.
+    value = (table[code] - zero) * scale + bias per group, 0.0 where an N:M format stores
+    nothing. `scale` is a `GroupScale` (with the optional `zero_point` and the keyword-only
+    `bias`, MLX's affine mode) or another scale scheme (`TwoLevelScale`); `scaling` is the
+    scheme either way (formats/scaling/), which owns the parameter arrays.
     """
 
     name: str
     element: Encoding
-    scale: GroupScale = field(default_factory=GroupScale)
+    scale: GroupScale | Scaling = field(default_factory=GroupScale)
     zero_point: ZeroPoint | None = None
     sparsity: Sparsity | None = None
     packing: Packing = field(default_factory=Packing)
     doc: str = ""
     bias: GroupBias | None = field(default=None, kw_only=True)
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
+    #: the scale scheme (derived from scale, zero_point and bias)
+    scaling: Scaling = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.location is None:
@@ -99,7 +99,18 @@ class Format:
         where = self.location
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise FormatError(f"Format name must be an identifier, got {self.name!r}", where)
-        checks = [("element", Encoding), ("scale", GroupScale), ("packing", Packing)]
+        if isinstance(self.scale, Scaling):
+            if isinstance(self.scale, GroupAffine):
+                raise FormatError(f"format {self.name!r}: give a GroupAffine's parts (GroupScale, "
+                                  f"ZeroPoint, GroupBias) to Format", where)
+            if self.zero_point is not None or self.bias is not None:
+                raise FormatError(
+                    f"format {self.name!r}: a {type(self.scale).__name__} owns its parameters; "
+                    f"declare no zero_point or bias beside it", where)
+            object.__setattr__(self, "scaling", self.scale)
+        checks = [("element", Encoding), ("packing", Packing)]
+        if not isinstance(self.scale, Scaling):
+            checks.insert(1, ("scale", GroupScale))
         for attr, cls in checks:
             if not isinstance(getattr(self, attr), cls):
                 raise FormatError(
@@ -111,28 +122,15 @@ class Format:
             raise FormatError(f"format {self.name!r}: zero_point must be a ZeroPoint or None", where)
         if self.bias is not None and not isinstance(self.bias, GroupBias):
             raise FormatError(f"format {self.name!r}: bias must be a GroupBias or None", where)
-        if self.bias is not None and self.zero_point is not None:
-            raise FormatError(
-                f"format {self.name!r}: declare a zero_point or a bias, not both (both offset "
-                f"a group: (q - z) * s or q * s + b)", self.bias.location or where)
         if self.sparsity is not None and not isinstance(self.sparsity, (NMSparsity, BlockPatternSparsity)):
             raise FormatError(
                 f"format {self.name!r}: sparsity must be NMSparsity, BlockPatternSparsity or None",
                 where,
             )
-        if self.zero_point is not None and not self.element.is_integer_grid:
-            raise FormatError(
-                f"format {self.name!r}: zero points need an integer encoding "
-                f"(consecutive integer values), not {self.element.describe()}",
-                where,
-            )
-        if (self.zero_point is not None and self.zero_point.dtype == "u8"
-                and self.element.value_range[0] < 0):
-            raise FormatError(
-                f"format {self.name!r}: u8 zero points need an encoding without negative "
-                f"values (use IntEncoding offset 0, or ZeroPoint('f16'))",
-                self.zero_point.location or where,
-            )
+        if isinstance(self.scale, GroupScale):
+            object.__setattr__(self, "scaling", GroupAffine(self.scale, self.zero_point, self.bias,
+                                                            location=self.scale.location))
+        self.scaling.check(self)
         if self.element.bits > self.packing.word_bits:
             raise FormatError(f"format {self.name!r}: codes wider than a packing word", where)
         if isinstance(self.sparsity, NMSparsity) and self.sparsity.meta_bits > self.packing.word_bits:
@@ -200,17 +198,13 @@ class Format:
         """The arrays a packed [K, N] weight consists of, in a fixed order."""
         self.check_shape(k, n)
         word = self.packing.word_bits
-        groups = self.scale.groups(k)
         specs = [
             BufferSpec("qweight", (self.stored_k(k) * self.element.bits // word, n),
                        self.packing.numpy_dtype, "packed element codes along K"),
-            BufferSpec("scales", (groups, n), self.scale.numpy_dtype, "per-group scales",
-                       self.scale.dtype),
         ]
-        for name, part, role in (("zeros", self.zero_point, "per-group zero points"),
-                                 ("biases", self.bias, "per-group biases")):
-            if part is not None:
-                specs.append(BufferSpec(name, (groups, n), part.numpy_dtype, role, part.dtype))
+        for a in self.scaling.arrays():
+            specs.append(BufferSpec(a.name, (a.rows(self.scaling, k), n), a.storage.numpy_dtype,
+                                    a.role, a.storage.name))
         sp = self.sparsity
         if isinstance(sp, NMSparsity):
             blocks = k // sp.block_k
@@ -222,27 +216,21 @@ class Format:
         return specs
 
     def parameters(self) -> dict[str, StorageType]:
-        """The per-group parameter arrays of this format ("scales", then "zeros" or "biases"
-        where declared) and their number types, in buffer order."""
-        parts = {"scales": self.scale, "zeros": self.zero_point, "biases": self.bias}
-        return {name: part.storage for name, part in parts.items() if part is not None}
+        """The parameter arrays of this format's scale scheme ("scales", then "zeros" or
+        "biases" where declared, for a GroupScale) and their number types, in buffer order."""
+        return {a.name: a.storage for a in self.scaling.arrays()}
 
     def storage_bytes(self, k: int, n: int, include_scales: bool = True) -> int:
         """Bytes of the packed weight; without scales and zero points if asked."""
-        skip = set() if include_scales else set(PARAMETER_ARRAYS)
+        skip = set() if include_scales else set(self.parameters())
         return sum(b.nbytes for b in self.buffers(k, n) if b.name not in skip)
 
     def bits_per_weight(self, k: int, n: int, include_scales: bool = True) -> float:
         return self.storage_bytes(k, n, include_scales) * 8 / (k * n)
 
     def describe(self) -> str:
-        parts = [self.element.describe(), f"group {self.scale.group_size}"]
-        if self.scale.dtype != "f16":
-            parts.append(f"{self.scale.dtype} scales")
-        if self.zero_point is not None:
-            parts.append(f"zero points {self.zero_point.dtype}")
-        if self.bias is not None:
-            parts.append(f"biases {self.bias.dtype}")
+        parts = [self.element.describe(), f"group {self.scale.group_size}",
+                 *self.scaling.describe_parts()]
         if self.sparsity is not None:
             parts.append(self.sparsity.describe())
         return ", ".join(parts)

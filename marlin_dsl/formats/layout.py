@@ -112,8 +112,7 @@ def unpack(packed: PackedWeights) -> QuantizedWeights:
         keep = (kept if sp.chunk == 1 else np.repeat(kept, sp.chunk, axis=1)).reshape(k, n)
     else:
         codes = stored
-    return QuantizedWeights(fmt, codes, packed["scales"], packed.arrays.get("zeros"), keep,
-                            packed.arrays.get("biases"))
+    return QuantizedWeights.from_arrays(fmt, codes, packed.arrays, keep)
 
 
 def metadata_positions(meta: np.ndarray, sp: NMSparsity, word_bits: int) -> np.ndarray:
@@ -163,7 +162,6 @@ def block_patterns(fmt: Format, nonzero: np.ndarray) -> np.ndarray:
 def _check_logical(weights: QuantizedWeights) -> None:
     fmt = weights.format
     k, n = weights.codes.shape
-    groups = fmt.scale.groups(k)
     check_array(weights.codes, "weights.codes", (k, n), np.dtype(np.uint8))
     if int(weights.codes.max()) >> fmt.element.bits:  # uint8 (checked): some code >= 2**bits
         bad = first_index(weights.codes >> fmt.element.bits != 0)
@@ -171,11 +169,13 @@ def _check_logical(weights: QuantizedWeights) -> None:
             f"weights.codes{bad} = {weights.codes[bad]} does not fit in {fmt.element.bits} bits"
         )
     roles = {"scales": "scales", "zeros": "zero points", "biases": "biases"}
-    for name, storage in fmt.parameters().items():
+    for spec in fmt.scaling.arrays():
+        name = spec.name
         array = weights.parameter(name)
         if array is None:
-            raise ShapeError(f"weights.{name}: format {fmt.name!r} needs {roles[name]}, got None")
-        check_array(array, f"weights.{name}", (groups, n), storage.numpy_dtype)
+            raise ShapeError(f"weights.{name}: format {fmt.name!r} needs "
+                             f"{roles.get(name, spec.role)}, got None")
+        check_array(array, f"weights.{name}", (spec.rows(fmt.scaling, k), n), spec.storage.numpy_dtype)
     if weights.keep is not None:
         check_array(weights.keep, "weights.keep", (k, n), np.dtype(bool))
         sp = fmt.sparsity

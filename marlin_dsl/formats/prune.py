@@ -1,6 +1,8 @@
 """N:M pruning by the magnitude of the *decoded* values (seed 000 section 8.1, erratum 3)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .chunking import block_rows, row_blocks
@@ -50,7 +52,7 @@ def prune(weights: QuantizedWeights) -> QuantizedWeights:
         block_keep = keep[r0:r1]
         block_keep.reshape(-1, sp.m, sp.chunk, n)[...] = kept_chunks[:, :, None, :]
         np.multiply(weights.codes[r0:r1], block_keep, out=codes[r0:r1])  # code, or 0 if dropped
-    return QuantizedWeights(weights.format, codes, weights.scales, weights.zeros, keep, weights.biases)
+    return replace(weights, codes=codes, keep=keep)
 
 
 def _prune_whole(weights: QuantizedWeights, sp: NMSparsity) -> QuantizedWeights:
@@ -64,7 +66,7 @@ def _prune_whole(weights: QuantizedWeights, sp: NMSparsity) -> QuantizedWeights:
     kept_chunks = _top_n(chunk_magnitude, sp.n)
     keep = np.repeat(kept_chunks, sp.chunk, axis=1).reshape(k, n)
     codes = np.where(keep, weights.codes, np.uint8(0)).astype(np.uint8)
-    return QuantizedWeights(weights.format, codes, weights.scales, weights.zeros, keep, weights.biases)
+    return replace(weights, codes=codes, keep=keep)
 
 
 def _top_n(magnitude: np.ndarray, n: int) -> np.ndarray:

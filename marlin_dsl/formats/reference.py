@@ -10,8 +10,9 @@ from .tensors import QuantizedWeights
 def dequantize(weights: QuantizedWeights) -> np.ndarray:
     """The exact float64 value of every weight, [K, N].
 
-    value = (table[code] - zero) * scale + bias, with the parameters of group k // G (each
-    decoded exactly from its storage type), and 0.0 at positions an N:M format does not store.
+    value = (table[code] - zero) * scale + bias, with the (scale, zero, bias) the format's
+    scale scheme makes of group k // G's parameters (each decoded exactly from its storage
+    type; `Scaling.affine`), and 0.0 at positions an N:M format does not store.
     `marlin_dsl.dequantize` (formats/evaluate.py) also takes PackedWeights: it unpacks first.
     """
     if not blockwise_ok(weights):
@@ -30,12 +31,12 @@ def _dequantize_whole(weights: QuantizedWeights) -> np.ndarray:
     k, n = weights.codes.shape
     g = fmt.group_size_for(k)
     values = fmt.element.table()[weights.codes].reshape(k // g, g, n)
-    params = _parameters_f64(weights)
-    if "zeros" in params:
-        values = values - params["zeros"][:, None, :]
-    values = values * params["scales"][:, None, :]
-    if "biases" in params:
-        values = values + params["biases"][:, None, :]
+    a = fmt.scaling.affine(_parameters_f64(weights))
+    if a.zero is not None:
+        values = values - a.zero[:, None, :]
+    values = values * a.scale[:, None, :]
+    if a.bias is not None:
+        values = values + a.bias[:, None, :]
     values = values.reshape(k, n)
     if weights.keep is not None:
         values = np.where(weights.keep, values, 0.0)
@@ -43,14 +44,19 @@ def _dequantize_whole(weights: QuantizedWeights) -> np.ndarray:
 
 
 def _parameters_f64(weights: QuantizedWeights, rows: slice | int = slice(None)) -> dict[str, np.ndarray]:
-    """The exact float64 value of the format's per-group arrays (rows of them), by name."""
-    return {name: storage.to_float64(weights.parameter(name)[rows])
-            for name, storage in weights.format.parameters().items()}
+    """The exact float64 value of the format's parameter arrays, by name: `rows` of the
+    per-group ones; of the per-column ones ([1, N]) the whole array, or its row for an int."""
+    out = {}
+    for spec in weights.format.scaling.arrays():
+        own = rows if spec.per_group or not isinstance(rows, int) else 0
+        out[spec.name] = spec.storage.to_float64(weights.parameter(spec.name)[own])
+    return out
 
 
 def blockwise_ok(weights: QuantizedWeights) -> bool:
     """True when `dequantize_rows` gives exactly the rows of `_dequantize_whole`: uint8 codes
-    [K, N] that index the table, real scales (and zero points) [K/G, N], a bool keep mask."""
+    [K, N] that index the table, real parameter arrays of the declared shapes, a bool keep
+    mask."""
     fmt = weights.format
     codes, keep = weights.codes, weights.keep
 
@@ -64,9 +70,9 @@ def blockwise_ok(weights: QuantizedWeights) -> bool:
     g = fmt.group_size_for(k)
     if k == 0 or n == 0 or k % g:
         return False
-    groups = (k // g, n)
-    parameters = [weights.parameter(name) for name in fmt.parameters()]
-    return (all(real_matrix(p, groups) for p in parameters)
+    scaling = fmt.scaling
+    return (all(real_matrix(weights.parameter(a.name), (a.rows(scaling, k), n))
+                for a in scaling.arrays())
             and (keep is None or (isinstance(keep, np.ndarray) and keep.shape == (k, n)
                                   and keep.dtype == np.bool_))
             and int(codes.max()) < 2**fmt.element.bits)
@@ -79,12 +85,7 @@ def dequantize_rows(weights: QuantizedWeights, r0: int, r1: int, out: np.ndarray
     # Every code is below the table's length (checked), so "clip" never clips; unlike the
     # default mode it writes `out` directly.
     np.take(weights.format.element._table, weights.codes[r0:r1], out=out, mode="clip")
-    params = _parameters_f64(weights, group)
-    if "zeros" in params:
-        np.subtract(out, params["zeros"], out=out)
-    np.multiply(out, params["scales"], out=out)
-    if "biases" in params:
-        np.add(out, params["biases"], out=out)
+    weights.format.scaling.apply_f64(out, _parameters_f64(weights, group))
     if weights.keep is not None:
         # np.where(keep, value, 0.0) as a bitwise AND of each float64 with all ones (kept) or
         # all zeros (+0.0), several times faster than a masked copy.

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
 from ..errors import ShapeError, ValueRangeError
 from .format import Format
+
+
+#: Parameter arrays held in fields of their own (the others are in `extra`).
+_NAMED = ("scales", "zeros", "biases")
 
 
 @dataclass
@@ -19,6 +24,8 @@ class QuantizedWeights:
     zeros:  [K/G, N] zero points (dtype from the format) or None.
     keep:   [K, N] bool for N:M formats (True where a value is stored), else None.
     biases: [K/G, N] per-group biases (formats with a GroupBias) or None.
+    extra:  the other parameter arrays of the format's scale scheme by name (a
+            TwoLevelScale's "channel_scales" [1, N]).
     """
 
     format: Format
@@ -27,10 +34,23 @@ class QuantizedWeights:
     zeros: np.ndarray | None = None
     keep: np.ndarray | None = None
     biases: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def from_arrays(cls, fmt: Format, codes: np.ndarray, arrays: Mapping[str, np.ndarray],
+                    keep: np.ndarray | None = None) -> QuantizedWeights:
+        """Codes with the format's parameter arrays taken by name from `arrays`."""
+        named = {name: arrays.get(name) for name in fmt.parameters()}
+        extra = {n: a for n, a in named.items() if n not in _NAMED and a is not None}
+        return cls(fmt, codes, named.get("scales"), named.get("zeros"), keep, named.get("biases"),
+                   extra)  # type: ignore[arg-type]
 
     def parameter(self, name: str) -> np.ndarray | None:
-        """The per-group array `name` ("scales", "zeros" or "biases"), or None."""
-        return {"scales": self.scales, "zeros": self.zeros, "biases": self.biases}[name]
+        """The parameter array `name` ("scales", "zeros", "biases" or another of the scale
+        scheme's), or None."""
+        if name in _NAMED:
+            return getattr(self, name)
+        return self.extra.get(name)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -6,6 +6,7 @@ import numpy as np
 from ..errors import ShapeError, ValueRangeError
 from .bitstream import unpack_bits
 from .sparsity import BlockPatternSparsity, NMSparsity
+from .scaling import GroupAffine
 from .storage import StorageType
 from .reference import dequantized_nonzero
 from .tensors import PackedWeights, QuantizedWeights, check_array, first_index
@@ -14,9 +15,9 @@ from .tensors import PackedWeights, QuantizedWeights, check_array, first_index
 def validate(packed: PackedWeights) -> None:
     """Raise a ValueError subclass naming the array and index of the first problem.
 
-    Checks: the exact set of arrays, each one's shape and dtype, finite scales, zero points
-    and biases (decoded from their storage type: E8M0 code 255 and E4M3's NaN codes fail),
-    positive scales (formats without a bias), N:M metadata fields (strictly increasing positions below m: for 2:4 the six
+    Checks: the exact set of arrays, each one's shape and dtype, finite scale parameters
+    (decoded from their storage type: E8M0 code 255 and E4M3's NaN codes fail), positive
+    ones where the scale scheme says so (scales of formats without a bias), N:M metadata fields (strictly increasing positions below m: for 2:4 the six
     nibbles 4, 8, 9, 12, 13, 14), and block patterns that cover every non-zero value.
     """
     fmt = packed.format
@@ -31,16 +32,16 @@ def validate(packed: PackedWeights) -> None:
         )
     for spec in specs:
         check_array(packed.arrays[spec.name], spec.name, spec.shape, spec.dtype)
-    for name, storage in fmt.parameters().items():
+    for spec in fmt.scaling.arrays():
+        name, storage = spec.name, spec.storage
         values = storage.to_float64(packed.arrays[name])
         if not np.isfinite(values).all():
             bad = first_index(~np.isfinite(values))
             raise ValueRangeError(f"{name}{_at(bad)} is not finite: {describe_stored(storage, packed.arrays[name][bad])}")
-        if name == "scales" and positive_scales(fmt) and not (values > 0).all():
+        if spec.positive and not (values > 0).all():
             bad = first_index(~(values > 0))
-            raise ValueRangeError(f"scales{_at(bad)} = {describe_stored(storage, packed.arrays[name][bad])} is not "
-                                  f"positive (format {fmt.name!r} has no bias: a zero or negative "
-                                  f"scale zeroes or flips its group)")
+            raise ValueRangeError(f"{name}{_at(bad)} = {describe_stored(storage, packed.arrays[name][bad])} is not "
+                                  f"positive ({_why_positive(fmt, name)})")
     _check_reserved_codes(packed)
     sp = fmt.sparsity
     if isinstance(sp, NMSparsity):
@@ -83,11 +84,18 @@ def _at(index: tuple) -> str:
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
 
 
-def positive_scales(fmt) -> bool:
-    """Scales must be > 0 where a format has no bias (its quantiser never stores another; a
-    zero scale would silently zero a group). With a bias (MLX's affine mode) w = s * q + b is
-    meaningful for any s, as MLX may store it."""
-    return fmt.bias is None
+def _why_positive(fmt, name: str) -> str:
+    if isinstance(fmt.scaling, GroupAffine):
+        return f"format {fmt.name!r} has no bias: a zero or negative scale zeroes or flips its group"
+    return f"format {fmt.name!r}: a zero or negative value zeroes or flips what it scales"
+
+
+def positive_arrays(fmt) -> list[str]:
+    """The parameter arrays whose values must be > 0 (`ParamArray.positive`): a GroupScale's
+    scales where the format has no bias (its quantiser never stores another; a zero scale
+    would silently zero a group; with a bias, MLX's affine mode, w = s * q + b is meaningful
+    for any s, as MLX may store it), both arrays of a TwoLevelScale."""
+    return [a.name for a in fmt.scaling.arrays() if a.positive]
 
 
 def describe_stored(storage: StorageType, stored: object) -> str:
@@ -103,8 +111,7 @@ def _check_patterns(packed: PackedWeights, sp: BlockPatternSparsity) -> None:
 
     fmt = packed.format
     codes = unpack_bits(packed["qweight"], fmt.element.bits, fmt.packing.word_bits)
-    logical = QuantizedWeights(fmt, codes, packed["scales"], packed.arrays.get("zeros"),
-                               biases=packed.arrays.get("biases"))
+    logical = QuantizedWeights.from_arrays(fmt, codes, packed.arrays)
     required = sp.patterns(dequantized_nonzero(logical))
     missing = required & ~packed["patterns"]
     if missing.any():

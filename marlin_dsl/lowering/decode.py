@@ -1,7 +1,7 @@
 """The in-kernel decode of one format, derived from its description.
 
 A *decode unit* is one column's slice of `fmt.k_granule` dense K positions: the packed value
-words, metadata words or pattern bytes and the one scale (and zero point) that cover it. The
+words, metadata words or pattern bytes and the one set of scale parameters that covers it. The
 emitters below read only the format's data (encoding fields, bit widths, sparsity shape), so
 a new format needs no edit here.
 """
@@ -130,22 +130,17 @@ class UnitDecoder:
         return b.binary("mul", raw, b.const(float(2.0 ** (t_bias - enc.bias)), ctype), hint="t")
 
     def dequant(self, code: Value, params: GroupValues) -> Value:
-        """(table[code] - zero) * scale + bias, rounded to the activation type."""
+        """The scale scheme applied to table[code] (for a GroupScale (t - zero) * scale +
+        bias), rounded to the activation type."""
         v = self.params.apply(self.decode(code), params)
         return v if self.ctype == self.act else self.b.cast(v, self.act, hint="w")
 
     # ----- one unit ------------------------------------------------------------------------
 
     def load_group_params(self, inp: UnitInputs, n_cols: Value) -> GroupValues:
-        """The unit's scale (zero point, bias) in the compute type (0 where it is absent)."""
-        b, fmt = self.b, self.fmt
-        g = fmt.scale.group_size
-        if g == "K":
-            group = b.const(0)
-        else:
-            group = b.binary("div", inp.dense_k, int(g), hint="grp")
-        gidx = b.binary("add", b.binary("mul", group, n_cols, hint="gi"), inp.col, hint="gi")
-        return self.params.load(gidx, inp.pred)
+        """The unit's scale parameters in the compute type (0 where it is absent)."""
+        group = self.params.group_of(inp.dense_k)
+        return self.params.load_at(group, inp.col, n_cols, inp.pred)
 
     def load_words(self, buffer: str, first_row: Value, count: int, n_cols: Value, col: Value,
                    pred: Value) -> list[Value]:

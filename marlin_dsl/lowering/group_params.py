@@ -1,49 +1,42 @@
-"""A format's per-group parameters inside a kernel: their buffers, how one group's set is
-loaded, and how it is applied to decoded table values. Every pipeline's decode (the scalar
+"""A format's scale parameters inside a kernel. Every pipeline's decode (the scalar
 `UnitDecoder`, the pair decoder of the weight-stream layouts) goes through one `GroupParams`,
-so a new scale type or parameter is one edit here, derived from the format's description:
-
-    value = (t - zero) * scale + bias        (each part only where the format declares it)
-
-Scales stored as 8-bit codes (E8M0, E4M3) are loaded as u8 and decoded through a 256-entry
-constant table of their values; bf16 and f32 parameters are loaded as such and converted to
-the compute type.
+which hands each question to the format's scale scheme (`fmt.scaling`, formats/scaling/):
+which buffers the kernel declares, which group a K position is in (`group_of`, the one place
+a kernel computes it), how one (group, column)'s parameters load (`Scaling.emit_load`) and
+how they apply to a decoded table value (`Scaling.emit_apply`; for a GroupScale
+(t - zero) * scale + bias). Nothing here knows a scheme, so a new one needs no edit here.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
-from typing import Iterator, NamedTuple
-
 from ..formats import FloatEncoding, Format, IntEncoding
-from ..ir import F16, F32, U32, BufferParam, Builder, ConstTable, ScalarType, Value, VectorType
+from ..formats.scaling import parameter_table_name
+from ..formats.scaling.scheme import splat
+from ..ir import F16, F32, BufferParam, Builder, ConstTable, ScalarType, Value
 
 
-class GroupValues(NamedTuple):
-    """One group's parameters in the compute type (None where the format has none)."""
-
-    scale: Value
-    zero: Value | None = None
-    bias: Value | None = None
+class GroupValues(tuple):
+    """One (group, column)'s parameters in the compute type, as the scale scheme's
+    `emit_load` returned them (carried through loops as they are)."""
 
     def flat(self) -> list[Value]:
-        return [v for v in self if v is not None]
+        return list(self)
 
 
 def compute_type(fmt: Format, activation: ScalarType) -> ScalarType:
     """Dequantise in f16 when that is exact up to the final rounding(s); else in f32.
 
-    Float and integer codes (minus integer zero points) are exact in f16, and so are scales
-    stored as f16 or E4M3 (whose values all convert exactly), so (t - z) * s rounds once, as
-    the float64 reference rounded to f16 does. An f16 bias adds a second rounding, which is
-    MLX's own affine arithmetic. Value tables (NF4), bf16/f32/E8M0 parameters and bf16
-    activations go through f32, then round once to the activation type.
+    Float and integer codes are exact in f16; whether the scale scheme's parameters keep it so
+    is the scheme's answer (`Scaling.exact_in_f16`: f16 or E4M3 scales, u8 zero points, an f16
+    bias, whose second rounding is MLX's own affine arithmetic). Value tables (NF4), other
+    parameters and bf16 activations go through f32, then round once to the activation type.
     """
     exact_in_f16 = (isinstance(fmt.element, (FloatEncoding, IntEncoding))
                     and codes_exact_in_f16(fmt.element)
-                    and fmt.scale.dtype in ("f16", "e4m3")
-                    and (fmt.zero_point is None or fmt.zero_point.dtype == "u8")
-                    and (fmt.bias is None or fmt.bias.dtype == "f16"))
+                    and fmt.scaling.exact_in_f16())
     return F16 if activation == F16 and exact_in_f16 else F32
 
 
@@ -60,10 +53,6 @@ def codes_exact_in_f16(enc) -> bool:
     return not isinstance(enc, FloatEncoding) or enc.exp_bits < 5 or enc.specials == "ieee"
 
 
-def parameter_table_name(prefix: str, name: str) -> str:
-    return f"{prefix}{name}_values"
-
-
 def parameter_tables(fmt: Format, prefix: str = "") -> list[ConstTable]:
     """Value tables of the parameters stored as codes (their invalid codes hold NaN)."""
     return [ConstTable(parameter_table_name(prefix, name), F32, tuple(float(v) for v in s.table))
@@ -71,72 +60,42 @@ def parameter_tables(fmt: Format, prefix: str = "") -> list[ConstTable]:
 
 
 class GroupParams:
-    """Loads and applies `fmt`'s per-group parameters in a kernel built with `b`."""
+    """Loads and applies `fmt`'s scale parameters in a kernel built with `b`."""
 
     def __init__(self, b: Builder, fmt: Format, activation: ScalarType, prefix: str = "") -> None:
         self.b, self.fmt, self.act = b, fmt, activation
+        self.scaling = fmt.scaling
         self.ctype = compute_type(fmt, activation)
         self.prefix = prefix
-        #: name -> storage of each parameter array, in buffer order (scales first)
-        self.storage = fmt.parameters()
-
-    # ----- what the kernel declares ----------------------------------------------------------
 
     def buffers(self) -> list[BufferParam]:
-        return [BufferParam(name, ScalarType(s.kernel_type), "read") for name, s in self.storage.items()]
+        """The parameter buffers the kernel declares, in buffer order."""
+        return [BufferParam(a.name, ScalarType(a.storage.kernel_type), "read")
+                for a in self.scaling.arrays()]
 
-    def _table_name(self, name: str) -> str:
-        return parameter_table_name(self.prefix, name)
+    def group_of(self, dense_k: Value) -> Value:
+        """The group index of dense K position `dense_k`."""
+        return self.scaling.emit_group(self.b, dense_k)
 
-    # ----- one group ---------------------------------------------------------------------------
-
-    def load(self, gidx: Value, pred: Value) -> GroupValues:
-        """The parameters at flat index gidx (group * N + column) of each array, in the compute
-        type; 0 where `pred` is false."""
-        hints = {"scales": "s", "zeros": "z", "biases": "bi"}
-        values = {name: self._load_one(name, gidx, pred, hints[name]) for name in self.storage}
-        return GroupValues(values["scales"], values.get("zeros"), values.get("biases"))
-
-    def _load_one(self, name: str, gidx: Value, pred: Value, hint: str) -> Value:
-        b, storage = self.b, self.storage[name]
-        stored_type = ScalarType(storage.kernel_type)
-        value = b.load(name, gidx, stored_type, pred, hint=hint)
-        if storage.table is not None:  # an 8-bit code: decode through its value table
-            code = b.cast(value, U32, hint=hint)
-            value = b.value("table", [code], F32, {"name": self._table_name(name)}, hint=hint)
-        return value if value.type == self.ctype else b.cast(value, self.ctype, hint=hint)
+    def load_at(self, group: Value, col: Value, n_cols: Value, pred: Value) -> GroupValues:
+        """The parameters of (group, column col) in the compute type; 0 where `pred` is false."""
+        return GroupValues(self.scaling.emit_load(self.b, group, col, n_cols, pred, self.ctype,
+                                                  self.prefix))
 
     def unflatten(self, values: Iterator[Value]) -> GroupValues:
         """`GroupValues.flat()` read back from an iterator (values carried through loops)."""
-        scale = next(values)
-        zero = next(values) if "zeros" in self.storage else None
-        bias = next(values) if "biases" in self.storage else None
-        return GroupValues(scale, zero, bias)
-
-    # ----- applying them -----------------------------------------------------------------------
+        return GroupValues(next(values) for _ in range(self.scaling.loaded_values()))
 
     def apply(self, t: Value, params: GroupValues) -> Value:
-        """(t - zero) * scale + bias for a decoded table value t in the compute type."""
-        b = self.b
-        if params.zero is not None:
-            t = b.binary("sub", t, params.zero, hint="t")
-        v = b.binary("mul", t, params.scale, hint="w")
-        if params.bias is not None:
-            v = b.binary("add", v, params.bias, hint="w")
-        return v
+        """The weight value of a decoded table value t in the compute type."""
+        return self.scaling.emit_apply(self.b, t, params)
 
     def apply_pair(self, t: Value, params: GroupValues) -> Value:
         """The same for a vector of two decoded values (both of one group)."""
-        b = self.b
-        if params.zero is not None:
-            t = b.binary("sub", t, self.splat(params.zero), hint="t2")
-        v = b.binary("mul", t, self.splat(params.scale), hint="w2")
-        if params.bias is not None:
-            v = b.binary("add", v, self.splat(params.bias), hint="w2")
-        return v
+        return self.scaling.emit_apply(self.b, t, params, lanes=2)
 
     def splat(self, x: Value) -> Value:
-        return self.b.value("vec", [x, x], VectorType(x.type, 2), hint="v2")  # type: ignore[arg-type]
+        return splat(self.b, x, 2)
 
 
 __all__ = ["GroupParams", "GroupValues", "compute_type", "parameter_tables"]

@@ -1,8 +1,9 @@
 """Decode two codes at once: a u32 whose two 16-bit halves each hold one code in their low bits
 (the weight-stream layout puts fragment pairs there) becomes a vec<act, 2>.
 
-When the whole dequantisation is exact in f16 (f16 activations; float or integer codes; no
-f16 zero points: `group_params.compute_type`), it runs as vector (half2) arithmetic on both halves:
+When the whole dequantisation is exact in f16 (f16 activations; float or integer codes; a
+scale scheme exact in f16: `group_params.compute_type`), it runs as vector (half2) arithmetic
+on both halves:
 
 - float codes: mask the magnitude and sign fields of both halves, shift them under f16's
   exponent and mantissa, reinterpret as half2 and rescale by 2**(15 - bias) (exact);
@@ -36,7 +37,7 @@ class PairDecoder:
         return self.scalar.params.splat(x)
 
     def dequant(self, word: Value, shift: int, params: GroupValues) -> Value:
-        """(code - zero) * scale + bias for the codes at bit `shift` of each half of `word`."""
+        """The scale scheme applied to the codes at bit `shift` of each half of `word`."""
         b = self.b
         v = b.binary("shr", word, shift, hint="pw") if shift else word
         if not self.vector:

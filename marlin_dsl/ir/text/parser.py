@@ -13,7 +13,7 @@ from lark.load_grammar import FromPackageLoader
 
 from ...lark_errors import describe_syntax_error
 from ...errors import MarlinDSLError, SourceLocation
-from ...formats.text import Attr, AttrTransformer
+from ...attr_text import Attr, AttrTransformer
 from ...grammar import read_grammar
 from ..core import (
     AttrValue, Block, BufferParam, ConstTable, GridDim, Kernel, Op, ScalarParam, SharedArray, Value,

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ...formats.text import quote
+from ...attr_text import quote
 from ..core import (
     AttrValue, GridDim, Kernel, Op, Value,
 )

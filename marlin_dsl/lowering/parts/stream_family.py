@@ -128,16 +128,15 @@ class StreamFamily(GemmParts):
     def row_params(self, j: int, k_tile0: Value) -> dict[int, GroupValues]:
         """Group parameters of each distinct A row offset of this lane, for the group holding
         dense K position k_tile0."""
-        g = self.fmt.scale.group_size
-        group = self.c(0) if g == "K" else self.op2("div", k_tile0, int(g), hint="grp")
+        params = self.pairs.scalar.params
+        group = params.group_of(k_tile0)
         exists = self.op2("lt", k_tile0, self.K, hint="gok")
         out = {}
         for off in sorted(set(self.a_row_off)):
             n = self.op2("add", self.op2("mul", self.n_tiles[j], self.target.mma_m, hint="n"), self.a_row0, hint="n")
             n = self.op2("add", n, off, hint="n") if off else n
             pred = self.op2("and", exists, self.op2("lt", n, self.N, hint="nok"), hint="sok")
-            gidx = self.op2("add", self.op2("mul", group, self.N, hint="gi"), n, hint="gi")
-            out[off] = self.pairs.scalar.params.load(gidx, pred)
+            out[off] = params.load_at(group, n, self.N, pred)
         return out
 
     def b_fragment_from_run(self, run: list[Value], tile: int) -> Value:

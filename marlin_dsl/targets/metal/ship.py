@@ -14,7 +14,6 @@ from pathlib import Path
 from .printer import DIMS_NAME, MetalSource, print_metal
 from ...compiler import CompiledGemm
 from ...formats import Format
-from ...formats.format import PARAMETER_ARRAYS
 from ...formats.scaling import PER_COLUMN
 from ...formats.text import format_to_text
 from ...ir.text import print_kernel
@@ -39,12 +38,11 @@ def k_multiple(fmt: Format) -> int:
 
 def buffer_shapes(fmt: Format) -> dict[str, str]:
     """Each packed buffer's shape as a formula in K and N, e.g. `[K/16, N]`."""
-    g = fmt.scale.group_size
     k = k_multiple(fmt) * 2  # any valid K: shapes are linear in K
     shapes = {}
     for spec in fmt.buffers(k, 7):
         rows, cols = spec.shape
-        if spec.name in PARAMETER_ARRAYS and g == PER_COLUMN:
+        if spec.name in fmt.parameters() and rows == 1:  # per column (or one group of K)
             row_text = "1"
         else:
             ratio = Fraction(rows, k)

@@ -1,4 +1,5 @@
-"""Per-group scales, zero points and biases along K, described as data.
+"""The parts of the built-in group scaling scheme (`GroupAffine`, affine.py): per-group
+scales, zero points and biases along K, described as data.
 
 One group is `group_size` consecutive K positions of one column; every parameter array is
 [K/G, N]. A decoded value is
@@ -16,9 +17,9 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import FormatError, SourceLocation
-from ..source import caller_location
-from .storage import STORAGE_TYPES, StorageType
+from ...errors import FormatError, SourceLocation
+from ...source import caller_location
+from ..storage import STORAGE_TYPES, StorageType
 
 #: `group_size="K"` means one scale per output column (a single group spanning K).
 PER_COLUMN = "K"
@@ -29,14 +30,39 @@ ZERO_POINT_DTYPES = ("u8", "f16")
 BIAS_DTYPES = ("f16", "bf16", "f32")
 
 
-def _check_dtype(owner: str, dtype: object, allowed: tuple[str, ...],
+class Grouping:
+    """K positions grouped `group_size` at a time (or all of K): the one place that says which
+    group a K position belongs to, shared by the scale parts and every scheme."""
+
+    group_size: int | Literal["K"]
+
+    def groups(self, k: int) -> int:
+        """Groups along K (rows of a per-group array)."""
+        return 1 if self.group_size == PER_COLUMN else k // int(self.group_size)
+
+    def size_for(self, k: int) -> int:
+        """K positions per group for a weight with K rows."""
+        return k if self.group_size == PER_COLUMN else int(self.group_size)
+
+    def covers(self, span: int) -> bool:
+        """True when every group holds whole runs of `span` consecutive K positions."""
+        return self.group_size == PER_COLUMN or int(self.group_size) % span == 0
+
+
+def check_group_size(owner: str, g: object, location: SourceLocation | None) -> None:
+    if g != PER_COLUMN and (not isinstance(g, int) or isinstance(g, bool) or g < 1):
+        raise FormatError(f"{owner}: group_size must be a positive integer or 'K', got {g!r}",
+                          location)
+
+
+def check_dtype(owner: str, dtype: object, allowed: tuple[str, ...],
                  location: SourceLocation | None) -> None:
     if dtype not in allowed:
         raise FormatError(f"{owner}: dtype must be one of {list(allowed)}, got {dtype!r}", location)
 
 
 @dataclass(frozen=True)
-class GroupScale:
+class GroupScale(Grouping):
     """One scale per `group_size` consecutive K positions and per column: shape [K/G, N].
 
     The group of dense position k is k // G, also for sparse formats (seed 000 section 7).
@@ -51,19 +77,8 @@ class GroupScale:
     def __post_init__(self) -> None:
         if self.location is None:
             object.__setattr__(self, "location", caller_location())
-        g = self.group_size
-        if g != PER_COLUMN and (not isinstance(g, int) or isinstance(g, bool) or g < 1):
-            raise FormatError(
-                f"GroupScale: group_size must be a positive integer or 'K', got {g!r}",
-                self.location,
-            )
-        _check_dtype("GroupScale", self.dtype, SCALE_DTYPES, self.location)
-
-    def groups(self, k: int) -> int:
-        return 1 if self.group_size == PER_COLUMN else k // int(self.group_size)
-
-    def size_for(self, k: int) -> int:
-        return k if self.group_size == PER_COLUMN else int(self.group_size)
+        check_group_size("GroupScale", self.group_size, self.location)
+        check_dtype("GroupScale", self.dtype, SCALE_DTYPES, self.location)
 
     @property
     def storage(self) -> StorageType:
@@ -88,7 +103,7 @@ class ZeroPoint:
     def __post_init__(self) -> None:
         if self.location is None:
             object.__setattr__(self, "location", caller_location())
-        _check_dtype("ZeroPoint", self.dtype, ZERO_POINT_DTYPES, self.location)
+        check_dtype("ZeroPoint", self.dtype, ZERO_POINT_DTYPES, self.location)
 
     @property
     def storage(self) -> StorageType:
@@ -114,7 +129,7 @@ class GroupBias:
     def __post_init__(self) -> None:
         if self.location is None:
             object.__setattr__(self, "location", caller_location())
-        _check_dtype("GroupBias", self.dtype, BIAS_DTYPES, self.location)
+        check_dtype("GroupBias", self.dtype, BIAS_DTYPES, self.location)
 
     @property
     def storage(self) -> StorageType:
