@@ -12,7 +12,7 @@ from marlin_dsl.targets.cuda import sparse_layout as sl
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import ScheduleError
 from marlin_dsl.formats.bitstream import unpack_bits
-from marlin_dsl.formats.layout import metadata_positions
+from marlin_dsl.formats.packing import metadata_positions
 from marlin_dsl.ir.text import assert_round_trip
 from marlin_dsl.kernel_check import check_kernel
 from marlin_dsl.lowering.stream_layout import VECTOR_WORDS, stream_arrays, stream_layout

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from . import reference
-from .layout import unpack
+from .packing import unpack
 from .tensors import PackedWeights, QuantizedWeights, check_float_matrix
 
 

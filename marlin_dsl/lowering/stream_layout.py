@@ -234,7 +234,7 @@ def stream_arrays(fmt: Format, target: Target, packed: PackedWeights) -> dict[st
     arrays = dict(packed.arrays)
     arrays["qweight"] = layout.pack(stored)
     if layout.sparse:
-        from ..formats.layout import metadata_positions
+        from ..formats.packing import metadata_positions
 
         positions = metadata_positions(np.asarray(packed.arrays["meta"]), fmt.sparsity, fmt.packing.word_bits)
         arrays["meta"] = layout.pack_metadata(positions)
