@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import marlin_dsl as md  # noqa: E402
-from marlin_dsl.kernel_check import REL_TOL  # noqa: E402
+from marlin_dsl.checks.kernel_check import REL_TOL  # noqa: E402
 from marlin_dsl.layers.weights import to_layout, to_linear  # noqa: E402
 from marlin_dsl.lowering.stream_layout import stream_arrays  # noqa: E402
 from marlin_dsl.mlx_ops import packed_to_mx, packed_to_numpy  # noqa: E402

@@ -90,7 +90,8 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.__version__", "base"),  # `from .. import __version__`: data, not the package face
     ("marlin_dsl.formats*", "formats"),
     ("marlin_dsl.api", "formats"),  # pack(fmt, weights): quantize -> prune -> pack_codes
-    ("marlin_dsl.verify", "formats"),  # a format's self-checks on random data
+    ("marlin_dsl.checks.format_check", "formats"),  # a format's self-checks on random data
+    ("marlin_dsl.checks", "formats"),  # the face imports nothing (its checks sit at two stages)
     # targets/ after h1's move: printers, launchers and runtimes by module name; the rest
     # (the package face, the Target protocol, each target's description and tables) describes
     ("marlin_dsl.targets.*print*", "printers"),
@@ -114,10 +115,10 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.spec", "schedule"),
     ("marlin_dsl.lowering*", "lowering"),
     ("marlin_dsl.passes*", "passes"),
-    ("marlin_dsl.runtime", "launchers"),  # the host side of a kernel, shared by every executor
+    ("marlin_dsl.kernel_args", "launchers"),  # the host side of a kernel, shared by every executor
     ("marlin_dsl.compiler", "compiler"),
     ("marlin_dsl.emit", "emit"),
-    ("marlin_dsl.kernel_check", "emit"),
+    ("marlin_dsl.checks.kernel_check", "emit"),
     ("marlin_dsl.layers*", "layers"),
     ("marlin_dsl.nn", "layers"),
     ("marlin_dsl.mlx_ops", "layers"),

@@ -25,7 +25,7 @@ from marlin_dsl.formats import PER_COLUMN
 from marlin_dsl.mlx_ops import dequantize_mx, packed_to_mx
 from marlin_dsl.nn import (MarlinLinear, pack_fp4_weights, quantized_linear,
                            select_backend)
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.checks.format_check import sample_weights
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -15,7 +15,7 @@ from marlin_dsl.errors import ShapeError, ValueRangeError
 from marlin_dsl.layers.interop import mlx_format
 from marlin_dsl.mlx_ops import packed_to_numpy
 from marlin_dsl.mlx_pack import device_exact, pack_columns, pack_mx
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.checks.format_check import sample_weights
 
 DEVICE_FORMATS = {name: md.builtin_format(name)
                   for name in ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4", "fp4_blockpattern")}

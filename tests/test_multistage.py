@@ -23,7 +23,7 @@ from marlin_dsl.ir import (F16, F32, U32, BufferParam, Builder, FragmentType, Gr
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.ir.text import assert_round_trip
 from marlin_dsl.ir.verify import VerifyError, verify
-from marlin_dsl.kernel_check import check_kernel
+from marlin_dsl.checks.kernel_check import check_kernel
 
 STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
 ASYNC_OPS = {"async_copy", "async_commit", "async_wait", "frag_elems"}

@@ -116,7 +116,7 @@ def test_e5m2_without_specials_decodes_right_with_f16_activations() -> None:
     the kernel dequantises in f32 instead (found by the spec reference's author)."""
     from marlin_dsl import METAL, FusedDequant, Gemm, Schedule
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.kernel_check import check_kernel, check_shapes
+    from marlin_dsl.checks.kernel_check import check_kernel, check_shapes
 
     e5m2 = md.FloatEncoding(bits=8, exp_bits=5, man_bits=2, bias=15)
     fmt = md.Format("e5m2", e5m2, md.GroupScale(32))

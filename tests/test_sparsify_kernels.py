@@ -33,7 +33,7 @@ from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler, ru
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
 from marlin_dsl.lowering.sparsify import lower_sparsify
-from marlin_dsl.runtime import round_to_activation
+from marlin_dsl.ir.numerics import round_to_activation
 from marlin_dsl.targets import CUDA
 
 DTYPES = ("f16", "bf16")

@@ -18,7 +18,7 @@ from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import FormatError, ShapeError, ValueRangeError
 from marlin_dsl.formats import STORAGE_TYPES
 from marlin_dsl.formats.text import format_to_text, formats_from_text
-from marlin_dsl.kernel_check import check_kernel
+from marlin_dsl.checks.kernel_check import check_kernel
 from marlin_dsl.targets.cuda.tuning import multistage_schedule, stream_schedule
 from marlin_dsl.spec import load_spec
 from marlin_dsl.targets import CUDA, METAL

@@ -14,9 +14,9 @@ from marlin_dsl.errors import ScheduleError
 from marlin_dsl.formats.bitstream import unpack_bits
 from marlin_dsl.formats.packing import metadata_positions
 from marlin_dsl.ir.text import assert_round_trip
-from marlin_dsl.kernel_check import check_kernel
+from marlin_dsl.checks.kernel_check import check_kernel
 from marlin_dsl.lowering.stream_layout import VECTOR_WORDS, stream_arrays, stream_layout
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.checks.format_check import sample_weights
 
 STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
 
@@ -179,7 +179,7 @@ def test_stream_kernel_text_round_trips() -> None:
 
 def test_stream_formats_have_even_k() -> None:
     """The kernel reads activations in (k, k+1) pairs: every format the layout accepts has an
-    even K granule, so K is always even (runtime.physical_arrays relies on it)."""
+    even K granule, so K is always even (kernel_args.physical_arrays relies on it)."""
     for fmt_name in STREAM_FORMATS:
         assert md.builtin_format(fmt_name).k_granule % 2 == 0
     with pytest.raises(ScheduleError, match="does not divide 16"):
@@ -263,7 +263,7 @@ def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) ->
     assert src.input_names == ["x", "qweight", "scales", "meta", "dims"]
     fmt = md.builtin_format("int4_2of4")
     packed = md.pack(fmt, sample_weights(fmt, 256, 32, np.random.default_rng(0)))
-    from marlin_dsl.runtime import to_kernel_layout
+    from marlin_dsl.kernel_args import to_kernel_layout
 
     phys = to_kernel_layout(src.attrs, packed)
     assert phys.layout == "lane_stream" and phys.arrays["qweight"].shape == (2 * 2 * 32 * 4,)  # 2 N tiles x 2 vectors of 64 stored K

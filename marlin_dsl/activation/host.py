@@ -13,7 +13,7 @@ import numpy as np
 
 from ..ir import Kernel
 from ..lowering.sparsify import launch_scalars, lower_sparsify
-from ..runtime import round_to_activation
+from ..ir.numerics import round_to_activation
 from .layout import ActivationLayout
 from .reference import mvue_key, operand_shape, sparsify_reference
 from .spec import SparsifyError, SparsifySpec

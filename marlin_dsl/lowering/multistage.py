@@ -60,7 +60,7 @@ class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
         self.m_stage = self.block_tiles * lanes * self.layout.meta_words
         # activations are copied in pieces of x_copy elements: 16 bytes where the format's K
         # granule allows (so a piece never straddles the end of K), else the largest power of
-        # two dividing it (K is always even here: see runtime.physical_arrays)
+        # two dividing it (K is always even here: see kernel_args.physical_arrays)
         granule = self.fmt.k_granule & -self.fmt.k_granule
         self.x_copy = min(target.async_copy_bytes // elem_bytes, granule)
         if self.x_copy * elem_bytes < 4:

@@ -88,7 +88,7 @@ def write_cuda_kernel(compiled: CompiledGemm, out_dir: Path) -> list[Path]:
     (folder / "manifest.json").write_text(json.dumps({
         "kernel": name, "target": target, "weight_layout": layout,
         "weights": "as marlin_dsl.pack(format, w) gives them" if layout == "linear" else
-                   "marlin_dsl.runtime.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
+                   "marlin_dsl.kernel_args.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
         "source": src.to_json()}, indent=1, sort_keys=True) + "\n")
     return [folder / f"{name}.{target}.ir", folder / f"{name}.cu", folder / "manifest.json"]
 
