@@ -274,7 +274,7 @@ def test_second_call_does_no_host_work(fake_cuda, monkeypatch: pytest.MonkeyPatc
     import importlib
 
     import marlin_dsl.layers.weights as weights
-    import marlin_dsl.lowering.stream_layout as stream_layout
+    import marlin_dsl.layouts.weight_stream as stream_layout
     import marlin_dsl.nn as mnn
 
     host_validate = importlib.import_module("marlin_dsl.formats.validate")  # the package exports the function

@@ -22,7 +22,7 @@ import pytest
 
 from marlin_dsl.activation.host import (SparsifyOutput, check_sparsify, run_sparse_gemm,
                                         run_sparsify)
-from marlin_dsl.activation.layout import ActivationLayout
+from marlin_dsl.layouts.sparse_activation import ActivationLayout
 from marlin_dsl.activation.reference import nibbles_to_indices, operand_shape, sparsify_reference
 from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
 from marlin_dsl.targets.cuda import sparse_layout as sl

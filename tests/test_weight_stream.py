@@ -15,7 +15,7 @@ from marlin_dsl.formats.bitstream import unpack_bits
 from marlin_dsl.formats.packing import metadata_positions
 from marlin_dsl.ir.text import assert_round_trip
 from marlin_dsl.checks.kernel_check import check_kernel
-from marlin_dsl.lowering.stream_layout import VECTOR_WORDS, stream_arrays, stream_layout
+from marlin_dsl.layouts.weight_stream import VECTOR_WORDS, stream_arrays, stream_layout
 from marlin_dsl.checks.format_check import sample_weights
 
 STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
@@ -66,7 +66,7 @@ def test_every_code_lands_where_its_lane_reads_it(shape) -> None:
 def test_k_shuffle_gives_each_lane_one_contiguous_run() -> None:
     """With the K shuffle, lane L's B elements of tiles 0..3 are original K offsets
     x_run0[L] + 0 .. 15, in tile-major order: one 32-byte run of activations per chunk."""
-    from marlin_dsl.lowering.stream_layout import activation_permutation
+    from marlin_dsl.layouts.weight_stream import activation_permutation
 
     layout = stream_layout(md.builtin_format("fp4"), CUDA)
     b_k, _ = CUDA.lane_elements("b", 16, 8)

@@ -2,7 +2,7 @@
 
 "linear" is the format's own layout (what `marlin_dsl.pack` writes, what files hold and what
 `validate` checks); a target may read another one, chosen at pack time (today the
-weight-stream layout `lane_stream`, lowering/stream_layout.py, made from the lane tables of the
+weight-stream layout `lane_stream`, layouts/weight_stream.py, made from the lane tables of the
 target that reads it: `Target.weight_layouts`). Layers convert once, when
 weights arrive (construction, `from_*`, load), and convert back only to save or to hand the
 weight out (`to_packed`).
@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..errors import ShapeError
 from ..formats import Format
-from ..lowering.stream_layout import LAYOUT_NAME as LANE_STREAM
+from ..layouts.weight_stream import LAYOUT_NAME as LANE_STREAM
 from ..targets.base import reader_of
 from .dispatch import LINEAR
 

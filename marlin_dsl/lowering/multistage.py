@@ -3,7 +3,7 @@ kernel IR: large M. Assembled from parts: the stream setup and MMAs (`parts/stre
 the asynchronous stages (`parts/async_stages.py`), the per-lane store (`parts/epilogues.py`).
 
 The product and the physical weight layout are the weight-stream kernel's (`stream.py`,
-`stream_layout.py`): Y^T[N, M] = W^T[N, K] X^T[K, M], weights as the MMA's A operand, each
+`layouts/weight_stream.py`): Y^T[N, M] = W^T[N, K] X^T[K, M], weights as the MMA's A operand, each
 lane's fragments for one K step in one 128-bit vector. What changes is where operands come from:
 
 - Threadgroup (group_x, group_y) owns N rows [n0, n0 + tile_n) and M rows [m0, m0 + tile_m);
@@ -42,7 +42,7 @@ from .parts.context import GemmContext
 from .parts.epilogues import LaneStore
 from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily, lane_base_and_offsets
-from .stream_layout import LAYOUT_NAME, VECTOR_WORDS
+from ..layouts.weight_stream import LAYOUT_NAME, VECTOR_WORDS
 
 class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
     def __init__(self, ctx: GemmContext) -> None:

@@ -5,7 +5,7 @@ runs with the layout's K shuffle). Needs the stream setup (`stream_family.py`)."
 from __future__ import annotations
 
 from ...ir import U32, Value, VectorType
-from ..stream_layout import VECTOR_WORDS
+from ...layouts.weight_stream import VECTOR_WORDS
 from .context import GemmParts
 
 

@@ -22,7 +22,7 @@ from ...errors import ScheduleError
 from ...formats import Format, PackedWeights
 from ...ir.core import Kernel
 from ...ir.text import print_kernel
-from ...lowering.stream_layout import LAYOUT_NAME, stream_layout
+from ...layouts.weight_stream import LAYOUT_NAME, stream_layout
 from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .description import CUDA

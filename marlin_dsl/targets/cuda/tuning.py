@@ -4,7 +4,7 @@ for M rows of activations (and a [K, N] weight), from measurements on an H100
 from __future__ import annotations
 
 from ...formats import Format
-from ...lowering.stream_layout import stream_layout
+from ...layouts.weight_stream import stream_layout
 from ...schedule import Multistage, Schedule, WeightStream
 from ..base import Target
 from .description import CUDA
