@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 import marlin_dsl as md
 from marlin_dsl.errors import MarlinDSLError, ShapeError, ValueRangeError
 from marlin_dsl.formats import PER_COLUMN
-from marlin_dsl.mlx_ops import dequantize_mx, packed_to_mx
+from marlin_dsl.layers.mlx_ops import dequantize_mx, packed_to_mx
 from marlin_dsl.nn import (MarlinLinear, pack_fp4_weights, quantized_linear,
                            select_backend)
 from marlin_dsl.checks.format_check import sample_weights

@@ -10,7 +10,7 @@ import marlin_dsl as md
 from marlin_dsl.errors import ValueRangeError
 from marlin_dsl.layers.interop import mlx_format
 from marlin_dsl.layers.validate import validate_mx
-from marlin_dsl.mlx_ops import packed_to_mx
+from marlin_dsl.layers.mlx_ops import packed_to_mx
 
 
 def test_weights_below_the_scale_range_are_an_error_not_zeros() -> None:

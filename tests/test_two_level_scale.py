@@ -151,8 +151,8 @@ def test_nvcc_compiles_the_two_level_kernels(tmp_path: Path) -> None:
 def test_mlx_pack_validate_and_dequantize_agree_with_numpy() -> None:
     mx = pytest.importorskip("mlx.core")
     from marlin_dsl.layers.validate import validate_mx
-    from marlin_dsl.mlx_ops import dequantize_mx
-    from marlin_dsl.mlx_pack import pack_mx
+    from marlin_dsl.layers.mlx_ops import dequantize_mx
+    from marlin_dsl.layers.mlx_pack import pack_mx
 
     fmt = FORMATS["u8"]
     w = np.random.default_rng(4).standard_normal((64, 9)).astype(np.float32)

@@ -20,9 +20,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..formats import Format, NMSparsity
-from ..mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
-from ..targets.base import Target
 from ..layouts.weight_stream import VECTOR_WORDS, StreamLayout, stream_layout
+from ..targets.base import Target
+from .mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
 
 
 @lru_cache(maxsize=None)
