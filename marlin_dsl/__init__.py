@@ -11,7 +11,7 @@ from ._source_layout import register_source_subpackages
 
 register_source_subpackages(__name__, _Path(__file__).resolve().parent)
 
-from .api import (
+from .formats.pack_weights import (
     pack,
     pack_fp4_2of4_weights,
     pack_fp4_blockpattern_weights,

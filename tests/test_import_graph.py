@@ -90,7 +90,6 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.codegen*", "base"),
     ("marlin_dsl.__version__", "base"),  # `from .. import __version__`: data, not the package face
     ("marlin_dsl.formats*", "formats"),
-    ("marlin_dsl.api", "formats"),  # pack(fmt, weights): quantize -> prune -> pack_codes
     ("marlin_dsl.checks.format_check", "formats"),  # a format's self-checks on random data
     ("marlin_dsl.checks", "formats"),  # the face imports nothing (its checks sit at two stages)
     # the sparsify declaration and its numpy semantics: the activation's twin of a format and

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 import marlin_dsl as m
-from marlin_dsl.api import pack
+from marlin_dsl.formats.pack_weights import pack
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import CompileError, ScheduleError
 from marlin_dsl.formats.builtin import E2M1, NF4

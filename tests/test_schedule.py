@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import marlin_dsl as m
-from marlin_dsl.api import pack
+from marlin_dsl.formats.pack_weights import pack
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import CompileError, ScheduleError
 from marlin_dsl.formats import reference_matmul

@@ -7,8 +7,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..api import pack
 from ..formats.evaluate import reference_matmul
+from ..formats.pack_weights import pack
 from ..formats.scaling import PER_COLUMN
 from ..ir import Kernel
 from ..ir.interpret import run_kernel

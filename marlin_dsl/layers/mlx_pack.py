@@ -41,10 +41,10 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-from ..api import pack
 from ..errors import ShapeError
 from ..formats import (BlockPatternSparsity, FloatEncoding, Format, GroupScale, IntEncoding, NMSparsity,
                       PackedWeights)
+from ..formats.pack_weights import pack
 from ..formats.quantize import GroupParameters, group_parameters
 from ..formats.tensors import check_float_matrix
 from .mlx_ops import pack_bits_mx, packed_to_mx
