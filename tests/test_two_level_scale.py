@@ -19,7 +19,7 @@ from marlin_dsl.errors import FormatError, ShapeError, ValueRangeError
 from marlin_dsl.formats import STORAGE_TYPES
 from marlin_dsl.formats.text import format_to_text, formats_from_text
 from marlin_dsl.checks.kernel_check import check_kernel
-from marlin_dsl.targets.cuda.tuning import multistage_schedule, stream_schedule
+from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule
 from marlin_dsl.spec import load_spec
 from marlin_dsl.targets import CUDA, METAL
 
@@ -114,7 +114,7 @@ def _gemms() -> list[tuple[m.Gemm, m.Target]]:
     spec = load_spec(ROOT / "examples" / "two_level_scale.py")
     out = [(g, t) for g in spec.gemms for t in (METAL, CUDA)]
     for fmt in FORMATS.values():
-        out.append((m.Gemm(f"{fmt.name}_stream", fmt, stream_schedule(fmt, 1, CUDA, 256, 256)), CUDA))
+        out.append((m.Gemm(f"{fmt.name}_stream", fmt, tuned_schedule(fmt, 1, CUDA, 256, 256)), CUDA))
         out.append((m.Gemm(f"{fmt.name}_ms", fmt, multistage_schedule(fmt, 256, CUDA, 256, 256)), CUDA))
     return out
 

@@ -22,7 +22,7 @@ STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
 
 
 def small_schedule(fmt, tile_m: int = 8, warps_n: int = 2, k_warps: int = 2, depth: int = 2) -> Schedule:
-    tile_k = md.stream_schedule(fmt, 1).tile_k
+    tile_k = md.tuned_schedule(fmt, 1).tile_k
     return Schedule("ws_test", tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
                     warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
 
@@ -124,7 +124,7 @@ def test_stream_kernel_matches_reference(fmt_name: str, act: str) -> None:
     gemm = Gemm(f"ws_{fmt_name}", fmt, small_schedule(fmt), act)
     kernel = compile_gemm(gemm, CUDA).kernel
     rng = np.random.default_rng(11)
-    k = 2 * md.stream_schedule(fmt, 1).tile_k if fmt.scale.group_size == "K" else 256
+    k = 2 * md.tuned_schedule(fmt, 1).tile_k if fmt.scale.group_size == "K" else 256
     for shape in [(1, 33, k), (3, 40, k), (65, 49, k)]:  # M = 1, 3, 65; N tails
         result = check_kernel(gemm, kernel, shape, rng)
         assert result.untouched_poison == 0, shape
@@ -147,7 +147,7 @@ def test_default_stream_schedules_run() -> None:
     fmt = md.builtin_format("uint4_zp")
     rng = np.random.default_rng(8)
     for m in (1, 16, 40, 70):
-        sched = md.stream_schedule(fmt, m)
+        sched = md.tuned_schedule(fmt, m)
         gemm = Gemm("ws_default", fmt, sched, "f16")
         kernel = compile_gemm(gemm, CUDA).kernel
         assert kernel.attrs["weight_layout"] == "lane_stream"
@@ -155,18 +155,18 @@ def test_default_stream_schedules_run() -> None:
         assert result.ok, (m, result)
 
 
-def test_stream_schedule_buckets() -> None:
+def test_tuned_schedule_buckets() -> None:
     fmt = md.builtin_format("fp4")
-    names = [md.stream_schedule(fmt, m).name for m in (1, 8, 9, 16, 17, 64, 65, 2048)]
+    names = [md.tuned_schedule(fmt, m).name for m in (1, 8, 9, 16, 17, 64, 65, 2048)]
     assert names == ["stream_m8", "stream_m8", "stream_m16", "stream_m16", "stream_m32", "stream_m32",
                      "multistage_small", "multistage_large"]
     # N > K from 17 rows: the multistage pipeline's small tiles (faster there on the H100)
-    assert md.stream_schedule(fmt, 64, None, 4096, 14336).name == "multistage_small"
-    assert md.stream_schedule(fmt, 32, None, 4096, 14336).name == "multistage_small"
-    assert md.stream_schedule(fmt, 64, None, 14336, 4096).name == "stream_m32"
-    assert md.stream_schedule(md.builtin_format("fp4_2of4"), 1).tile_k == 128
-    assert md.stream_schedule(fmt, 16, None, 14336, 4096).name == "stream_m16_long_k"
-    assert md.stream_schedule(fmt, 16, None, 4096, 14336).name == "stream_m16"
+    assert md.tuned_schedule(fmt, 64, None, 4096, 14336).name == "multistage_small"
+    assert md.tuned_schedule(fmt, 32, None, 4096, 14336).name == "multistage_small"
+    assert md.tuned_schedule(fmt, 64, None, 14336, 4096).name == "stream_m32"
+    assert md.tuned_schedule(md.builtin_format("fp4_2of4"), 1).tile_k == 128
+    assert md.tuned_schedule(fmt, 16, None, 14336, 4096).name == "stream_m16_long_k"
+    assert md.tuned_schedule(fmt, 16, None, 4096, 14336).name == "stream_m16"
 
 
 def test_stream_kernel_text_round_trips() -> None:
@@ -236,7 +236,7 @@ def test_stream_kernels_compile_with_nvcc() -> None:
         fmt = md.builtin_format(fmt_name)
         for act in ("f16", "bf16"):
             for m in (1, 64):
-                gemm = Gemm(f"ws_{fmt_name}_{act}_{m}", fmt, md.stream_schedule(fmt, m), act)
+                gemm = Gemm(f"ws_{fmt_name}_{act}_{m}", fmt, md.tuned_schedule(fmt, m), act)
                 sources.append(print_cuda(compile_gemm(gemm, CUDA).kernel))
     results = nvcc_check(sources, archs=("sm_80", "sm_90"))
     failed = [r.summary() for r in results if not r.ok]
@@ -252,9 +252,9 @@ def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) ->
     from marlin_dsl.cli import main
 
     spec = tmp_path / "ws.py"
-    spec.write_text('from marlin_dsl import Gemm, builtin_format, stream_schedule\n'
+    spec.write_text('from marlin_dsl import Gemm, builtin_format, tuned_schedule\n'
                     'fmt = builtin_format("int4_2of4")\n'
-                    'ws = Gemm("ws_int4_2of4", fmt, stream_schedule(fmt, 1))\n')
+                    'ws = Gemm("ws_int4_2of4", fmt, tuned_schedule(fmt, 1))\n')
     assert main(["compile", str(spec), "--target", "cuda", "-o", str(tmp_path / "out")]) == 0
     assert "PASS" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "out" / "ws" / "ws_int4_2of4" / "manifest.json").read_text())
