@@ -25,10 +25,10 @@ import numpy as np
 
 from marlin_dsl.activation import kernels
 from marlin_dsl.activation.ffn import dense_ffn, sparse_ffn
-from marlin_dsl.activation.layout import ActivationLayout
+from marlin_dsl.layouts.sparse_activation import ActivationLayout
 from marlin_dsl.activation.reference import operand_shape, sparsify_reference
 from marlin_dsl.activation.spec import SparsifySpec
-from marlin_dsl.runtime import round_to_activation
+from marlin_dsl.ir.numerics import round_to_activation
 
 MX = {"f16": mx.float16, "bf16": mx.bfloat16}
 PATTERN = 12345  # init_value of a second launch: a word the kernel missed would show it

@@ -13,7 +13,7 @@ says so and stops if they are missing.
 
 For every kernel (built-in format x pipeline x activation) and every shape
 (M in 1, 7, 16, 64) x ((K, N) in (4096, 4096), (4096, 14336)) plus the tail M=3, N=4136,
-K=4096: random weights (`marlin_dsl.verify.sample_weights`) are packed with `marlin_dsl.pack`,
+K=4096: random weights (`marlin_dsl.checks.format_check.sample_weights`) are packed with `marlin_dsl.pack`,
 activations are standard normal rounded to the activation type, outputs are poisoned with NaN
 (MLX's `init_value`), and y is compared with `marlin_dsl.reference_matmul` (float64) by
 relative Frobenius error; the tolerance is `kernel_check.REL_TOL` (f16 2e-3, bf16 1.6e-2). Any
@@ -47,7 +47,7 @@ MS = (1, 7, 16, 64)
 #: (M, N, K): the large M on every shape, and tails in M, N and K.
 EXTRA = tuple((m, n, k) for k, n in SHAPES_KN for m in (256, 2048)) + \
     ((3, 4096 + 40, 4096), (65, 4096 + 24, 4096 + 128), (300, 4096 + 8, 4096 + 128))
-REL_TOL = {"f16": 2e-3, "bf16": 1.6e-2}  # marlin_dsl.kernel_check.REL_TOL
+REL_TOL = {"f16": 2e-3, "bf16": 1.6e-2}  # marlin_dsl.checks.kernel_check.REL_TOL
 
 
 class Log:
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     import marlin_dsl as md
     from marlin_dsl.targets.cuda.launch import build_cuda_kernel
     from marlin_dsl.formats import dequantize
-    from marlin_dsl.runtime import round_to_activation
-    from marlin_dsl.verify import sample_weights
+    from marlin_dsl.ir.numerics import round_to_activation
+    from marlin_dsl.checks.format_check import sample_weights
 
     try:
         info = mx.device_info()

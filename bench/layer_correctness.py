@@ -33,11 +33,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import marlin_dsl as md  # noqa: E402
-from marlin_dsl.kernel_check import REL_TOL  # noqa: E402
+from marlin_dsl.checks.kernel_check import REL_TOL  # noqa: E402
 from marlin_dsl.layers.weights import to_layout, to_linear  # noqa: E402
-from marlin_dsl.lowering.stream_layout import stream_arrays  # noqa: E402
-from marlin_dsl.mlx_ops import packed_to_mx, packed_to_numpy  # noqa: E402
-from marlin_dsl.mlx_pack import pack_mx  # noqa: E402
+from marlin_dsl.layouts.weight_stream import stream_arrays  # noqa: E402
+from marlin_dsl.layers.mlx_ops import packed_to_mx, packed_to_numpy  # noqa: E402
+from marlin_dsl.layers.mlx_pack import pack_mx  # noqa: E402
 from marlin_dsl.nn import MarlinLinear  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096 + 128, 4096 + 40), (14336, 1024 + 8))

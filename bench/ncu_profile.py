@@ -64,7 +64,7 @@ def subjects(args):
     from marlin_dsl import builtin_format, pack
     from marlin_dsl.targets.cuda.launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.targets.cuda.tuning import stream_schedule
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule
     from marlin_dsl.schedule import Gemm, Multistage, Schedule, WeightStream
     from marlin_dsl.targets import CUDA
 
@@ -82,12 +82,12 @@ def subjects(args):
             fmt = builtin_format(fmt_name)
             packed = pack(fmt, w)
             for m in [int(v) for v in args.ms.split(",")]:
-                scheds = [stream_schedule(fmt, m, None, k, n)] + [
-                    Schedule("extra", tile_m=tm, tile_n=tn, tile_k=stream_schedule(fmt, m).tile_k, warps_m=1,
+                scheds = [tuned_schedule(fmt, m, None, k, n)] + [
+                    Schedule("extra", tile_m=tm, tile_n=tn, tile_k=tuned_schedule(fmt, m).tile_k, warps_m=1,
                              warps_n=wn, pipeline=WeightStream(k_warps=kw, depth=d))
                     for tm, tn, wn, kw, d in (tuple(int(v) for v in e.split(":")) for e in args.extra.split(",") if e)
                     if tm >= min(m, 16)] + [
-                    Schedule("extra_ms", tile_m=tm, tile_n=tn, tile_k=stream_schedule(fmt, m).tile_k, warps_m=wm,
+                    Schedule("extra_ms", tile_m=tm, tile_n=tn, tile_k=tuned_schedule(fmt, m).tile_k, warps_m=wm,
                              warps_n=wn, pipeline=Multistage(stages=st))
                     for tm, tn, wm, wn, st in (tuple(int(v) for v in e.split(":")) for e in args.multistage.split(",") if e)]
                 for sched in scheds:

@@ -40,7 +40,7 @@ PIPELINES = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
              "weight_stream": None, "weight_stream_m16": None, "weight_stream_m16_long_k": None,
              "weight_stream_m64": None,
              "multistage_small": None, "multistage_large": None}
-#: (M, K, N) each weight-stream kernel is scheduled for (`marlin_dsl.schedule.stream_schedule`)
+#: (M, K, N) each weight-stream kernel is scheduled for (`marlin_dsl.targets.cuda.tuning.tuned_schedule`)
 STREAM_M = {"weight_stream": (1, None, None), "weight_stream_m16": (16, None, None),
             "weight_stream_m16_long_k": (16, 14336, 4096), "weight_stream_m64": (64, None, None),
             "multistage_small": (256, 4096, 4096),
@@ -53,7 +53,7 @@ def gpu_schedule(fmt, pipeline: str) -> Schedule:
     pipeline does not take the format (block patterns and 4:8 have no weight-stream layout)."""
     if pipeline in STREAM_M:
         m, k, n = STREAM_M[pipeline]
-        return md.stream_schedule(fmt, m, None, k, n)
+        return md.tuned_schedule(fmt, m, None, k, n)
     return Schedule("gpu", pipeline=PIPELINES[pipeline]())
 MANIFEST_VERSION = 1
 

@@ -11,7 +11,7 @@ from ._source_layout import register_source_subpackages
 
 register_source_subpackages(__name__, _Path(__file__).resolve().parent)
 
-from .api import (
+from .formats.pack_weights import (
     pack,
     pack_fp4_2of4_weights,
     pack_fp4_blockpattern_weights,
@@ -49,13 +49,13 @@ from .formats.builtin import BUILTIN_FORMATS, builtin_format
 from .errors import ScheduleError
 from .schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, WeightStream
 from .targets import CUDA, METAL, TARGETS, Target, emit
-from .targets.cuda.tuning import multistage_schedule, stream_schedule
+from .targets.cuda.tuning import multistage_schedule, tuned_schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "WeightStream",
-    "ScheduleError", "multistage_schedule", "stream_schedule",
+    "ScheduleError", "multistage_schedule", "tuned_schedule",
     "TARGETS", "Target", "emit", "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
     "GroupBias", "GroupScale", "IntEncoding", "MarlinDSLError", "NMSparsity", "PackedWeights", "Packing",
     "QuantizedWeights", "Scaling", "ShapeError", "SpecError", "TableEncoding", "TwoLevelScale", "ValueRangeError",

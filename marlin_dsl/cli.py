@@ -81,7 +81,7 @@ def cmd_formats(_: argparse.Namespace) -> int:
 
 
 def _format_rows(spec, rng: np.random.Generator) -> tuple[list[list[str]], int]:
-    from .verify import verify_format
+    from .checks.format_check import verify_format
 
     rows, failures = [], 0
     for fmt in spec.formats:
@@ -133,7 +133,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from .compiler import compile_gemm
     from .ir.text import print_kernel
-    from .kernel_check import check_kernel, check_shapes
+    from .checks.kernel_check import check_kernel, check_shapes
     from .spec import load_spec
     from .targets import TARGETS
     from .targets.runtimes import runtime_for

@@ -21,16 +21,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .api import pack_fp4_weights
 from .errors import MarlinDSLError, ShapeError, ValueRangeError
 from .formats import Format, PackedWeights, validate
 from .formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
+from .formats.pack_weights import pack_fp4_weights
 from .layers.dispatch import LINEAR, check_activation, dispatch_for, layout_for
 from .layers.interop import packed_from_quantized
+from .layers.mlx_ops import mx_dtype, packed_to_mx, packed_to_numpy
+from .layers.mlx_pack import pack_mx
 from .layers.validate import validate_mx
 from .layers.weights import layout_shapes, to_layout, to_linear, which_layout
-from .mlx_ops import mx_dtype, packed_to_mx, packed_to_numpy
-from .mlx_pack import pack_mx
 
 __all__ = ["MarlinLinear", "available_backends", "pack_fp4_weights", "prepare", "quantized_linear",
            "select_backend"]

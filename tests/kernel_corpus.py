@@ -25,7 +25,7 @@ def corpus() -> Iterator[tuple[str, str]]:
     from marlin_dsl.lowering.sparsify import lower_sparsify
     from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager
     from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule, StripedKParallel, default_schedule
-    from marlin_dsl.targets.cuda.tuning import stream_schedule
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule
     from marlin_dsl.source import suspended_declarations
     from marlin_dsl.targets import TARGETS
 
@@ -47,7 +47,7 @@ def corpus() -> Iterator[tuple[str, str]]:
                     continue
                 for m, k, n in ((1, 4096, 4096), (16, 4096, 14336), (16, 14336, 4096), (32, 4096, 4096),
                                 (64, 4096, 14336), (256, 4096, 4096), (2048, 4096, 4096)):
-                    s = stream_schedule(fmt, m, TARGETS["cuda"], k, n)
+                    s = tuned_schedule(fmt, m, TARGETS["cuda"], k, n)
                     yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
                                      Gemm(f"{fname}_{s.name}_m{m}_k{k}_n{n}_{act}", fmt, s, act))
         for tname in ("cuda", "metal"):

@@ -30,7 +30,7 @@ from marlin_dsl.activation.ops import (SparseActivation, sparse_matmul, sparsify
 from marlin_dsl.activation.reference import (lowbias32, mvue_uniform, sparsify_reference)
 from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
 from marlin_dsl.errors import MarlinDSLError, ShapeError
-from marlin_dsl.runtime import round_to_activation
+from marlin_dsl.ir.numerics import round_to_activation
 
 DTYPES = ("f16", "bf16")
 RTOL = {"f16": 2e-3, "bf16": 1.6e-2}

@@ -563,8 +563,8 @@ def test_launcher_conventions_with_interpreted_kernel(printed, monkeypatch, fmt,
     _InterpretedCudaKernel.calls.clear()
     rng = np.random.default_rng(7)
     m, n, k = 3, 80, 256
-    from marlin_dsl.runtime import round_to_activation
-    from marlin_dsl.verify import sample_weights
+    from marlin_dsl.ir.numerics import round_to_activation
+    from marlin_dsl.checks.format_check import sample_weights
 
     packed = md.pack(md.builtin_format(fmt), sample_weights(md.builtin_format(fmt), k, n, rng))
     gemm = build_cuda_kernel(kernel)
@@ -629,7 +629,7 @@ def _mlx_cuda() -> bool:
 @pytest.mark.parametrize("pipeline", list(PIPELINES))
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kernels_on_gpu(printed, fmt, pipeline):
-    from marlin_dsl.kernel_check import check_kernel, check_shapes
+    from marlin_dsl.checks.kernel_check import check_kernel, check_shapes
 
     execute = cuda_executor()
     for act in ACTIVATIONS:

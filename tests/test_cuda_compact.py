@@ -18,7 +18,7 @@ from marlin_dsl.targets.cuda.runtime import cuda_gemm, cuda_schedule
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.layers.interop import mlx_format
 from marlin_dsl.schedule import default_schedule
-from marlin_dsl.targets.cuda.tuning import multistage_schedule, stream_schedule
+from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed here")
 
@@ -37,7 +37,7 @@ def _kernels() -> list:
         fmt = md.builtin_format(name)
         schedules = [default_schedule(fmt)]
         if fmt.sparsity is None or name == "fp4_2of4":
-            schedules += [stream_schedule(fmt, 1, CUDA, 4096, 4096), stream_schedule(fmt, 16, CUDA, 4096, 1024),
+            schedules += [tuned_schedule(fmt, 1, CUDA, 4096, 4096), tuned_schedule(fmt, 16, CUDA, 4096, 1024),
                           multistage_schedule(fmt, 2048, CUDA, 4096, 4096)]
         for schedule in schedules:
             for act in ("f16", "bf16"):

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 import marlin_dsl as md
 from marlin_dsl.errors import MarlinDSLError, ShapeError, ValueRangeError
 from marlin_dsl.layers.validate import validate_mx
-from marlin_dsl.mlx_ops import packed_to_mx
+from marlin_dsl.layers.mlx_ops import packed_to_mx
 from marlin_dsl.nn import MarlinLinear
 from marlin_dsl.spec import load_spec
-from marlin_dsl.verify import sample_weights, verify_format
+from marlin_dsl.checks.format_check import sample_weights, verify_format
 
 _FILES = itertools.count()
 

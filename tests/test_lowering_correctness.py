@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 
 import marlin_dsl as m
-from marlin_dsl.api import pack
+from marlin_dsl.formats.pack_weights import pack
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.formats import reference_matmul
 from marlin_dsl.ir import Kernel
 from marlin_dsl.ir.interpret import run_kernel
-from marlin_dsl.kernel_check import REL_TOL
+from marlin_dsl.checks.kernel_check import REL_TOL
 from marlin_dsl.passes import DEFAULT_PIPELINE
-from marlin_dsl.runtime import gemm_buffers, read_output
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.kernel_args import gemm_buffers, read_output
+from marlin_dsl.checks.format_check import sample_weights
 
 FORMATS = sorted(m.BUILTIN_FORMATS)
 PIPELINES = {

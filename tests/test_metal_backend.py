@@ -24,8 +24,8 @@ from marlin_dsl.ir import (BF16, F16, F32, I32, U8, U16, U32, Block, BufferParam
                            Value, VectorType, verify)
 from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.lowering.pipelines import lower_gemm
-from marlin_dsl.runtime import gemm_buffers, read_output
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.kernel_args import gemm_buffers, read_output
+from marlin_dsl.checks.format_check import sample_weights
 
 needs_gxx = pytest.mark.skipif(
     find_compiler() is None,

@@ -22,10 +22,10 @@ from mlx.utils import tree_flatten
 import marlin_dsl as md
 from marlin_dsl.errors import MarlinDSLError, ShapeError, ValueRangeError
 from marlin_dsl.formats import PER_COLUMN
-from marlin_dsl.mlx_ops import dequantize_mx, packed_to_mx
+from marlin_dsl.layers.mlx_ops import dequantize_mx, packed_to_mx
 from marlin_dsl.nn import (MarlinLinear, pack_fp4_weights, quantized_linear,
                            select_backend)
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.checks.format_check import sample_weights
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -274,7 +274,7 @@ def test_second_call_does_no_host_work(fake_cuda, monkeypatch: pytest.MonkeyPatc
     import importlib
 
     import marlin_dsl.layers.weights as weights
-    import marlin_dsl.lowering.stream_layout as stream_layout
+    import marlin_dsl.layouts.weight_stream as stream_layout
     import marlin_dsl.nn as mnn
 
     host_validate = importlib.import_module("marlin_dsl.formats.validate")  # the package exports the function

@@ -15,7 +15,7 @@ import pytest
 import marlin_dsl as md
 from marlin_dsl.errors import MarlinDSLError, ShapeError, ValueRangeError
 from marlin_dsl.layers.interop import mlx_format, packed_from_quantized
-from marlin_dsl.mlx_ops import dequantize_mx, packed_to_numpy
+from marlin_dsl.layers.mlx_ops import dequantize_mx, packed_to_numpy
 
 DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}
 ULP = {mx.float16: 2.0 ** -10, mx.bfloat16: 2.0 ** -7, mx.float32: 2.0 ** -23}

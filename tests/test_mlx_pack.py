@@ -13,9 +13,9 @@ import pytest
 import marlin_dsl as md
 from marlin_dsl.errors import ShapeError, ValueRangeError
 from marlin_dsl.layers.interop import mlx_format
-from marlin_dsl.mlx_ops import packed_to_numpy
-from marlin_dsl.mlx_pack import device_exact, pack_columns, pack_mx
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.layers.mlx_ops import packed_to_numpy
+from marlin_dsl.layers.mlx_pack import device_exact, pack_columns, pack_mx
+from marlin_dsl.checks.format_check import sample_weights
 
 DEVICE_FORMATS = {name: md.builtin_format(name)
                   for name in ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4", "fp4_blockpattern")}
@@ -89,7 +89,7 @@ def test_boundary_values_round_as_numpy_does() -> None:
 def test_value_table_near_ties_are_decided_on_the_host(monkeypatch) -> None:
     """NF4 midpoints have 24+ significant bits: weights within float32 rounding of a
     midpoint times the scale go to numpy's float64 decision (and must come out identical)."""
-    import marlin_dsl.mlx_pack as mp
+    import marlin_dsl.layers.mlx_pack as mp
 
     fmt = md.builtin_format("nf4")
     rng = np.random.default_rng(5)

@@ -1,6 +1,6 @@
 """The multistage pipeline (large M): kernels checked in the interpreter against the float64
 reference (tails, K shorter than a step, guarded copies, 2..4 stages), the schedules
-`multistage_schedule` / `stream_schedule` pick, schedule errors, the printed CUDA (dynamic
+`multistage_schedule` / `tuned_schedule` pick, schedule errors, the printed CUDA (dynamic
 shared memory above 48 KB, cp.async) and nvcc compiles of it; and the IR ops the pipeline
 added: async_copy / async_commit / async_wait (the interpreter's in-flight model) and
 frag_elems."""
@@ -23,7 +23,7 @@ from marlin_dsl.ir import (F16, F32, U32, BufferParam, Builder, FragmentType, Gr
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.ir.text import assert_round_trip
 from marlin_dsl.ir.verify import VerifyError, verify
-from marlin_dsl.kernel_check import check_kernel
+from marlin_dsl.checks.kernel_check import check_kernel
 
 STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
 ASYNC_OPS = {"async_copy", "async_commit", "async_wait", "frag_elems"}
@@ -31,7 +31,7 @@ ASYNC_OPS = {"async_copy", "async_commit", "async_wait", "frag_elems"}
 
 def step_k(fmt) -> int:
     """The dense K of one multistage step (the layout's vector chunk)."""
-    return md.stream_schedule(fmt, 1).tile_k
+    return md.tuned_schedule(fmt, 1).tile_k
 
 
 def ms_schedule(fmt, stages: int = 3, tile_m: int = 32, tile_n: int = 64, warps_m: int = 2,
@@ -150,12 +150,12 @@ def test_default_multistage_schedules_run(fmt_name: str, m: int) -> None:
 def test_schedule_choice(fmt_name: str) -> None:
     fmt = md.builtin_format(fmt_name)
     for m in (65, 256, 2048):
-        sched = md.stream_schedule(fmt, m)
+        sched = md.tuned_schedule(fmt, m)
         assert isinstance(sched.pipeline, Multistage), (m, sched)
         assert sched.tile_k == step_k(fmt)
     for m in (1, 16, 64):
-        assert not isinstance(md.stream_schedule(fmt, m).pipeline, Multistage)
-    assert md.stream_schedule(fmt, 65, None, 4096, 4096) == md.multistage_schedule(fmt, 65, None, 4096, 4096)
+        assert not isinstance(md.tuned_schedule(fmt, m).pipeline, Multistage)
+    assert md.tuned_schedule(fmt, 65, None, 4096, 4096) == md.multistage_schedule(fmt, 65, None, 4096, 4096)
     assert md.multistage_schedule(fmt, 256, None, 4096, 4096).name == "multistage_small"
     assert md.multistage_schedule(fmt, 2048, None, 4096, 4096).name == "multistage_large"
     assert md.multistage_schedule(fmt, 256, None, 4096, 14336).name == "multistage_large"

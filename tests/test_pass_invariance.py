@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 import marlin_dsl as m
-from marlin_dsl.api import pack
+from marlin_dsl.formats.pack_weights import pack
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import CompileError, ScheduleError
 from marlin_dsl.formats.builtin import E2M1, NF4
 from marlin_dsl.formats.scaling import PER_COLUMN
 from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.passes import PASSES
-from marlin_dsl.runtime import gemm_buffers, read_output
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.kernel_args import gemm_buffers, read_output
+from marlin_dsl.checks.format_check import sample_weights
 
 INT3_ZP = m.Format("int3_zp", m.IntEncoding(3), m.GroupScale(32), m.ZeroPoint("u8"),
                    doc="unsigned INT3, u8 zero points, group 32 (codes straddle words)")

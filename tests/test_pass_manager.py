@@ -204,7 +204,7 @@ def test_default_pipeline_on_lowered_example_gemms(example, gemm, target):
     import marlin_dsl as md
     try:
         from marlin_dsl.lowering.pipelines import lower_gemm
-        from marlin_dsl.runtime import gemm_buffers
+        from marlin_dsl.kernel_args import gemm_buffers
         from marlin_dsl.targets import TARGETS
         g = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / example))[gemm]
         kernel = lower_gemm(g, TARGETS[target])

@@ -10,7 +10,7 @@ import marlin_dsl as md
 from marlin_dsl.errors import ValueRangeError
 from marlin_dsl.layers.interop import mlx_format
 from marlin_dsl.layers.validate import validate_mx
-from marlin_dsl.mlx_ops import packed_to_mx
+from marlin_dsl.layers.mlx_ops import packed_to_mx
 
 
 def test_weights_below_the_scale_range_are_an_error_not_zeros() -> None:
@@ -116,7 +116,7 @@ def test_e5m2_without_specials_decodes_right_with_f16_activations() -> None:
     the kernel dequantises in f32 instead (found by the spec reference's author)."""
     from marlin_dsl import METAL, FusedDequant, Gemm, Schedule
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.kernel_check import check_kernel, check_shapes
+    from marlin_dsl.checks.kernel_check import check_kernel, check_shapes
 
     e5m2 = md.FloatEncoding(bits=8, exp_bits=5, man_bits=2, bias=15)
     fmt = md.Format("e5m2", e5m2, md.GroupScale(32))

@@ -30,7 +30,7 @@ from marlin_dsl.activation.ffn import (FFNConfig, SparseFFN, ffn_backward,
 from marlin_dsl.activation.reference import groups_length, lowbias32, sparsify_reference
 from marlin_dsl.activation.spec import SparsifyError, SparsifySpec
 from marlin_dsl.errors import ShapeError
-from marlin_dsl.runtime import round_to_activation
+from marlin_dsl.ir.numerics import round_to_activation
 
 F16 = mx.float16
 #: float16 gradients against a float32 autodiff reference with the same mask.

@@ -22,7 +22,7 @@ import pytest
 
 from marlin_dsl.activation.host import (SparsifyOutput, check_sparsify, run_sparse_gemm,
                                         run_sparsify)
-from marlin_dsl.activation.layout import ActivationLayout
+from marlin_dsl.layouts.sparse_activation import ActivationLayout
 from marlin_dsl.activation.reference import nibbles_to_indices, operand_shape, sparsify_reference
 from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
 from marlin_dsl.targets.cuda import sparse_layout as sl
@@ -33,7 +33,7 @@ from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler, ru
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
 from marlin_dsl.lowering.sparsify import lower_sparsify
-from marlin_dsl.runtime import round_to_activation
+from marlin_dsl.ir.numerics import round_to_activation
 from marlin_dsl.targets import CUDA
 
 DTYPES = ("f16", "bf16")

@@ -12,7 +12,7 @@ import marlin_dsl as md
 from marlin_dsl.errors import FormatError, ValueRangeError
 from marlin_dsl.formats.storage import STORAGE_TYPES, bf16_bits, bf16_to_float64
 from marlin_dsl.formats.text import format_to_text, formats_from_text
-from marlin_dsl.verify import verify_format
+from marlin_dsl.checks.format_check import verify_format
 
 E2M1 = md.FloatEncoding(4, exp_bits=2, man_bits=1, bias=1)
 

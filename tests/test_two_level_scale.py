@@ -18,8 +18,8 @@ from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import FormatError, ShapeError, ValueRangeError
 from marlin_dsl.formats import STORAGE_TYPES
 from marlin_dsl.formats.text import format_to_text, formats_from_text
-from marlin_dsl.kernel_check import check_kernel
-from marlin_dsl.targets.cuda.tuning import multistage_schedule, stream_schedule
+from marlin_dsl.checks.kernel_check import check_kernel
+from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule
 from marlin_dsl.spec import load_spec
 from marlin_dsl.targets import CUDA, METAL
 
@@ -114,7 +114,7 @@ def _gemms() -> list[tuple[m.Gemm, m.Target]]:
     spec = load_spec(ROOT / "examples" / "two_level_scale.py")
     out = [(g, t) for g in spec.gemms for t in (METAL, CUDA)]
     for fmt in FORMATS.values():
-        out.append((m.Gemm(f"{fmt.name}_stream", fmt, stream_schedule(fmt, 1, CUDA, 256, 256)), CUDA))
+        out.append((m.Gemm(f"{fmt.name}_stream", fmt, tuned_schedule(fmt, 1, CUDA, 256, 256)), CUDA))
         out.append((m.Gemm(f"{fmt.name}_ms", fmt, multistage_schedule(fmt, 256, CUDA, 256, 256)), CUDA))
     return out
 
@@ -151,8 +151,8 @@ def test_nvcc_compiles_the_two_level_kernels(tmp_path: Path) -> None:
 def test_mlx_pack_validate_and_dequantize_agree_with_numpy() -> None:
     mx = pytest.importorskip("mlx.core")
     from marlin_dsl.layers.validate import validate_mx
-    from marlin_dsl.mlx_ops import dequantize_mx
-    from marlin_dsl.mlx_pack import pack_mx
+    from marlin_dsl.layers.mlx_ops import dequantize_mx
+    from marlin_dsl.layers.mlx_pack import pack_mx
 
     fmt = FORMATS["u8"]
     w = np.random.default_rng(4).standard_normal((64, 9)).astype(np.float32)

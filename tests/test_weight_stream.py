@@ -12,17 +12,17 @@ from marlin_dsl.targets.cuda import sparse_layout as sl
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import ScheduleError
 from marlin_dsl.formats.bitstream import unpack_bits
-from marlin_dsl.formats.layout import metadata_positions
+from marlin_dsl.formats.packing import metadata_positions
 from marlin_dsl.ir.text import assert_round_trip
-from marlin_dsl.kernel_check import check_kernel
-from marlin_dsl.lowering.stream_layout import VECTOR_WORDS, stream_arrays, stream_layout
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.checks.kernel_check import check_kernel
+from marlin_dsl.layouts.weight_stream import VECTOR_WORDS, stream_arrays, stream_layout
+from marlin_dsl.checks.format_check import sample_weights
 
 STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
 
 
 def small_schedule(fmt, tile_m: int = 8, warps_n: int = 2, k_warps: int = 2, depth: int = 2) -> Schedule:
-    tile_k = md.stream_schedule(fmt, 1).tile_k
+    tile_k = md.tuned_schedule(fmt, 1).tile_k
     return Schedule("ws_test", tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
                     warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
 
@@ -66,7 +66,7 @@ def test_every_code_lands_where_its_lane_reads_it(shape) -> None:
 def test_k_shuffle_gives_each_lane_one_contiguous_run() -> None:
     """With the K shuffle, lane L's B elements of tiles 0..3 are original K offsets
     x_run0[L] + 0 .. 15, in tile-major order: one 32-byte run of activations per chunk."""
-    from marlin_dsl.lowering.stream_layout import activation_permutation
+    from marlin_dsl.layouts.weight_stream import activation_permutation
 
     layout = stream_layout(md.builtin_format("fp4"), CUDA)
     b_k, _ = CUDA.lane_elements("b", 16, 8)
@@ -124,7 +124,7 @@ def test_stream_kernel_matches_reference(fmt_name: str, act: str) -> None:
     gemm = Gemm(f"ws_{fmt_name}", fmt, small_schedule(fmt), act)
     kernel = compile_gemm(gemm, CUDA).kernel
     rng = np.random.default_rng(11)
-    k = 2 * md.stream_schedule(fmt, 1).tile_k if fmt.scale.group_size == "K" else 256
+    k = 2 * md.tuned_schedule(fmt, 1).tile_k if fmt.scale.group_size == "K" else 256
     for shape in [(1, 33, k), (3, 40, k), (65, 49, k)]:  # M = 1, 3, 65; N tails
         result = check_kernel(gemm, kernel, shape, rng)
         assert result.untouched_poison == 0, shape
@@ -147,7 +147,7 @@ def test_default_stream_schedules_run() -> None:
     fmt = md.builtin_format("uint4_zp")
     rng = np.random.default_rng(8)
     for m in (1, 16, 40, 70):
-        sched = md.stream_schedule(fmt, m)
+        sched = md.tuned_schedule(fmt, m)
         gemm = Gemm("ws_default", fmt, sched, "f16")
         kernel = compile_gemm(gemm, CUDA).kernel
         assert kernel.attrs["weight_layout"] == "lane_stream"
@@ -155,18 +155,18 @@ def test_default_stream_schedules_run() -> None:
         assert result.ok, (m, result)
 
 
-def test_stream_schedule_buckets() -> None:
+def test_tuned_schedule_buckets() -> None:
     fmt = md.builtin_format("fp4")
-    names = [md.stream_schedule(fmt, m).name for m in (1, 8, 9, 16, 17, 64, 65, 2048)]
+    names = [md.tuned_schedule(fmt, m).name for m in (1, 8, 9, 16, 17, 64, 65, 2048)]
     assert names == ["stream_m8", "stream_m8", "stream_m16", "stream_m16", "stream_m32", "stream_m32",
                      "multistage_small", "multistage_large"]
     # N > K from 17 rows: the multistage pipeline's small tiles (faster there on the H100)
-    assert md.stream_schedule(fmt, 64, None, 4096, 14336).name == "multistage_small"
-    assert md.stream_schedule(fmt, 32, None, 4096, 14336).name == "multistage_small"
-    assert md.stream_schedule(fmt, 64, None, 14336, 4096).name == "stream_m32"
-    assert md.stream_schedule(md.builtin_format("fp4_2of4"), 1).tile_k == 128
-    assert md.stream_schedule(fmt, 16, None, 14336, 4096).name == "stream_m16_long_k"
-    assert md.stream_schedule(fmt, 16, None, 4096, 14336).name == "stream_m16"
+    assert md.tuned_schedule(fmt, 64, None, 4096, 14336).name == "multistage_small"
+    assert md.tuned_schedule(fmt, 32, None, 4096, 14336).name == "multistage_small"
+    assert md.tuned_schedule(fmt, 64, None, 14336, 4096).name == "stream_m32"
+    assert md.tuned_schedule(md.builtin_format("fp4_2of4"), 1).tile_k == 128
+    assert md.tuned_schedule(fmt, 16, None, 14336, 4096).name == "stream_m16_long_k"
+    assert md.tuned_schedule(fmt, 16, None, 4096, 14336).name == "stream_m16"
 
 
 def test_stream_kernel_text_round_trips() -> None:
@@ -179,7 +179,7 @@ def test_stream_kernel_text_round_trips() -> None:
 
 def test_stream_formats_have_even_k() -> None:
     """The kernel reads activations in (k, k+1) pairs: every format the layout accepts has an
-    even K granule, so K is always even (runtime.physical_arrays relies on it)."""
+    even K granule, so K is always even (kernel_args.physical_arrays relies on it)."""
     for fmt_name in STREAM_FORMATS:
         assert md.builtin_format(fmt_name).k_granule % 2 == 0
     with pytest.raises(ScheduleError, match="does not divide 16"):
@@ -236,7 +236,7 @@ def test_stream_kernels_compile_with_nvcc() -> None:
         fmt = md.builtin_format(fmt_name)
         for act in ("f16", "bf16"):
             for m in (1, 64):
-                gemm = Gemm(f"ws_{fmt_name}_{act}_{m}", fmt, md.stream_schedule(fmt, m), act)
+                gemm = Gemm(f"ws_{fmt_name}_{act}_{m}", fmt, md.tuned_schedule(fmt, m), act)
                 sources.append(print_cuda(compile_gemm(gemm, CUDA).kernel))
     results = nvcc_check(sources, archs=("sm_80", "sm_90"))
     failed = [r.summary() for r in results if not r.ok]
@@ -252,9 +252,9 @@ def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) ->
     from marlin_dsl.cli import main
 
     spec = tmp_path / "ws.py"
-    spec.write_text('from marlin_dsl import Gemm, builtin_format, stream_schedule\n'
+    spec.write_text('from marlin_dsl import Gemm, builtin_format, tuned_schedule\n'
                     'fmt = builtin_format("int4_2of4")\n'
-                    'ws = Gemm("ws_int4_2of4", fmt, stream_schedule(fmt, 1))\n')
+                    'ws = Gemm("ws_int4_2of4", fmt, tuned_schedule(fmt, 1))\n')
     assert main(["compile", str(spec), "--target", "cuda", "-o", str(tmp_path / "out")]) == 0
     assert "PASS" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "out" / "ws" / "ws_int4_2of4" / "manifest.json").read_text())
@@ -263,7 +263,7 @@ def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) ->
     assert src.input_names == ["x", "qweight", "scales", "meta", "dims"]
     fmt = md.builtin_format("int4_2of4")
     packed = md.pack(fmt, sample_weights(fmt, 256, 32, np.random.default_rng(0)))
-    from marlin_dsl.runtime import to_kernel_layout
+    from marlin_dsl.kernel_args import to_kernel_layout
 
     phys = to_kernel_layout(src.attrs, packed)
     assert phys.layout == "lane_stream" and phys.arrays["qweight"].shape == (2 * 2 * 32 * 4,)  # 2 N tiles x 2 vectors of 64 stored K

@@ -13,8 +13,8 @@ import numpy as np
 
 from ..ir import Kernel
 from ..lowering.sparsify import launch_scalars, lower_sparsify
-from ..runtime import round_to_activation
-from .layout import ActivationLayout
+from ..ir.numerics import round_to_activation
+from ..layouts.sparse_activation import ActivationLayout
 from .reference import mvue_key, operand_shape, sparsify_reference
 from .spec import SparsifyError, SparsifySpec
 
@@ -89,7 +89,7 @@ def check_sparsify(spec: SparsifySpec, target: str, x: np.ndarray, seed: int, ex
 def pack_b_words(b: np.ndarray, dtype: str, target: str = "cuda") -> np.ndarray:
     """B [L, N] in the sparse GEMM's fragment layout, as flat u32 words (two halves each)."""
     from ..lowering.sparse_gemm import pack_b
-    from .layout import _to_bits
+    from ..layouts.sparse_activation import _to_bits
 
     held = np.asarray(round_to_activation(np.asarray(b, np.float32), dtype), np.float32)
     bits = _to_bits(pack_b(held, target), dtype).astype(np.uint32)       # [KT, NT, 32, 8]

@@ -24,7 +24,7 @@ from ..targets.cuda.source import CudaSource
 from ..ir import Kernel
 from ..lowering.sparse_gemm import b_lane_order, lower_sparse_gemm
 from ..lowering.sparsify import launch_scalars, lower_sparsify
-from .layout import ROW_TILE, ActivationLayout
+from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
 from .operand import SparseActivation
 from .reference import mvue_key, operand_shape
 from .spec import SparsifyError, SparsifySpec

@@ -4,7 +4,7 @@ Runs wherever MLX does (the CPU included), so the sparse FFN trains without a ke
 reference's algorithm transcribed op for op: the hash in uint32 (MLX's unsigned multiply wraps
 modulo 2^32 like numpy's), selection and rescaling in float32 with the same operations in the
 same order, and only the stored results rounded to the activation type (MLX's float32 ->
-float16 / bfloat16 casts round to nearest even, as `runtime.round_to_activation` does). So
+float16 / bfloat16 casts round to nearest even, as `ir.numerics.round_to_activation` does). So
 every result equals the numpy reference bit for bit (tests/test_activation_mlx.py checks it).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from ..formats.format import Format
 from ..schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel
-from ..targets.cuda.tuning import stream_schedule
+from ..targets.cuda.tuning import tuned_schedule
 from .timing import BATCH_LAUNCHES
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 14336), (14336, 4096))
@@ -131,8 +131,8 @@ def kernel_label(kind: str, fmt: str, pipeline: str) -> str:
 
 def bench_schedule(fmt: Format, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None) -> Schedule:
     """The schedule the bench compiles `pipeline` with for `fmt` (weight_stream's depends on M)."""
-    if pipeline == "weight_stream":  # its schedule depends on M (stream_schedule's buckets)
-        return stream_schedule(fmt, m, None, k, n)
+    if pipeline == "weight_stream":  # its schedule depends on M (tuned_schedule's buckets)
+        return tuned_schedule(fmt, m, None, k, n)
 
     pl = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
           "striped": lambda: StripedKParallel(parallel=2, groups=132)}[pipeline]()

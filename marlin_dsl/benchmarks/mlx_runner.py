@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import api
+from ..formats import pack_weights as api
 from ..targets.cuda.launch import _mx_dtype, build_cuda_kernel
 from ..errors import MarlinDSLError
 from ..formats import dequantize

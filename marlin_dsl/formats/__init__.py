@@ -2,7 +2,7 @@
 from .bitstream import pack_bits, unpack_bits
 from .encodings import Encoding, FloatEncoding, IntEncoding, TableEncoding
 from .format import BufferSpec, Format, Packing
-from .layout import pack_codes, unpack
+from .packing import pack_codes, unpack
 from .prune import prune
 from .quantize import quantize
 from .evaluate import dequantize, reference_matmul

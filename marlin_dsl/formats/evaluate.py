@@ -1,6 +1,6 @@
 """The float64 reference of a weight in either form: `dequantize` and `reference_matmul` take
 QuantizedWeights or PackedWeights (unpacked and validated first). They sit above both
-`reference` (the arithmetic on codes) and `layout` (unpacking), which therefore need not
+`reference` (the arithmetic on codes) and `packing` (unpacking), which therefore need not
 import each other."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from . import reference
-from .layout import unpack
+from .packing import unpack
 from .tensors import PackedWeights, QuantizedWeights, check_float_matrix
 
 

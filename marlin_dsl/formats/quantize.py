@@ -55,7 +55,7 @@ def group_parameters(fmt: Format, group_max: np.ndarray, group_min: np.ndarray,
     """Scale parameters from the float64 extremes [K/G, N] of each group, as `quantize` picks
     them: the format's scale scheme chooses (`Scaling.choose`). `weights()` gives the [K, N]
     weights, needed only to name an offending element in an error. The MLX packer
-    (mlx_pack.py) shares this with numpy."""
+    (layers/mlx_pack.py) shares this with numpy."""
     return fmt.scaling.choose(fmt, group_max, group_min, weights)
 
 

@@ -1,6 +1,7 @@
 """The IR's rounding rules in numpy (docs/IR.md): bf16 rounding, float64 rounded to odd, one
 rounding to a float type, casts and bit casts. The op table's scalar semantics (semantics.py),
-hence the interpreter and the folder, and the printers' float literals use them."""
+hence the interpreter and the folder, and the printers' float literals use them; the host
+rounds activations to f16 / bf16 with `round_to_activation` before any executor reads them."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,6 +23,18 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     b = x.view(np.uint32)
     r = ((b + (_U32(0x7FFF) + ((b >> _U32(16)) & _U32(1)))) & _U32(0xFFFF0000)).view(np.float32)
     return np.where(np.isnan(x), _NAN32, r)
+
+
+def round_to_activation(x: np.ndarray, activation: str) -> np.ndarray:
+    """x rounded to the activation type as every executor feeds it to a kernel: f16, or bf16
+    (held in float32, round to nearest even). Unlike `round_bf16` it has no NaN guard: it is
+    what every executor and oracle has always fed kernels, bit for bit (the host checks
+    activations finite on entry: `kernel_args.gemm_buffers`)."""
+    if activation == "f16":
+        return x.astype(np.float16)
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
 
 
 def _f64_to_f32_odd(x: np.ndarray) -> np.ndarray:

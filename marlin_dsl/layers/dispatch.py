@@ -25,7 +25,7 @@ import mlx.core as mx
 
 from ..errors import MarlinDSLError, ShapeError
 from ..formats import Format
-from ..mlx_ops import dequantize_mx
+from .mlx_ops import dequantize_mx
 from ..targets.runtimes import RUNTIMES, runtime_for
 
 LINEAR = "linear"

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ValueRangeError
 from ..formats import BlockPatternSparsity, Format, NMSparsity, PackedWeights, validate
 from ..formats.validate import positive_arrays
-from ..mlx_ops import check_mx_arrays, packed_to_numpy, parameter_mx, unpack_bits_mx
+from .mlx_ops import check_mx_arrays, packed_to_numpy, parameter_mx, unpack_bits_mx
 
 
 def validate_mx(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array],

@@ -2,7 +2,7 @@
 
 "linear" is the format's own layout (what `marlin_dsl.pack` writes, what files hold and what
 `validate` checks); a target may read another one, chosen at pack time (today the
-weight-stream layout `lane_stream`, lowering/stream_layout.py, made from the lane tables of the
+weight-stream layout `lane_stream`, layouts/weight_stream.py, made from the lane tables of the
 target that reads it: `Target.weight_layouts`). Layers convert once, when
 weights arrive (construction, `from_*`, load), and convert back only to save or to hand the
 weight out (`to_packed`).
@@ -15,9 +15,10 @@ import mlx.core as mx
 
 from ..errors import ShapeError
 from ..formats import Format
-from ..lowering.stream_layout import LAYOUT_NAME as LANE_STREAM
+from ..layouts.weight_stream import LAYOUT_NAME as LANE_STREAM
 from ..targets.base import reader_of
 from .dispatch import LINEAR
+from .weight_stream_mx import linear_arrays_mx, stream_arrays_mx, stream_shapes
 
 Arrays = dict[str, mx.array]
 
@@ -29,8 +30,6 @@ def layout_shapes(fmt: Format, shape: tuple[int, int], layout: str) -> dict[str,
     if layout == LINEAR:
         return linear
     if layout == LANE_STREAM:
-        from ..lowering.stream_layout_mx import stream_shapes
-
         return linear | stream_shapes(fmt, reader_of(LANE_STREAM), k, n)
     raise ShapeError(f"layout: unknown weight layout {layout!r} (known: {LINEAR!r}, {LANE_STREAM!r})")
 
@@ -40,8 +39,6 @@ def to_layout(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array
     if layout == LINEAR:
         return dict(arrays)
     if layout == LANE_STREAM:
-        from ..lowering.stream_layout_mx import stream_arrays_mx
-
         return stream_arrays_mx(fmt, reader_of(LANE_STREAM), shape, arrays)
     raise ShapeError(f"layout: unknown weight layout {layout!r}")
 
@@ -51,8 +48,6 @@ def to_linear(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array
     if layout == LINEAR:
         return dict(arrays)
     if layout == LANE_STREAM:
-        from ..lowering.stream_layout_mx import linear_arrays_mx
-
         return linear_arrays_mx(fmt, reader_of(LANE_STREAM), shape, arrays)
     raise ShapeError(f"layout: unknown weight layout {layout!r}")
 

@@ -3,7 +3,7 @@ kernel IR: large M. Assembled from parts: the stream setup and MMAs (`parts/stre
 the asynchronous stages (`parts/async_stages.py`), the per-lane store (`parts/epilogues.py`).
 
 The product and the physical weight layout are the weight-stream kernel's (`stream.py`,
-`stream_layout.py`): Y^T[N, M] = W^T[N, K] X^T[K, M], weights as the MMA's A operand, each
+`layouts/weight_stream.py`): Y^T[N, M] = W^T[N, K] X^T[K, M], weights as the MMA's A operand, each
 lane's fragments for one K step in one 128-bit vector. What changes is where operands come from:
 
 - Threadgroup (group_x, group_y) owns N rows [n0, n0 + tile_n) and M rows [m0, m0 + tile_m);
@@ -42,7 +42,7 @@ from .parts.context import GemmContext
 from .parts.epilogues import LaneStore
 from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily, lane_base_and_offsets
-from .stream_layout import LAYOUT_NAME, VECTOR_WORDS
+from ..layouts.weight_stream import LAYOUT_NAME, VECTOR_WORDS
 
 class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
     def __init__(self, ctx: GemmContext) -> None:
@@ -60,7 +60,7 @@ class MultistageLowering(StreamFamily, AsyncStages, LaneStore):
         self.m_stage = self.block_tiles * lanes * self.layout.meta_words
         # activations are copied in pieces of x_copy elements: 16 bytes where the format's K
         # granule allows (so a piece never straddles the end of K), else the largest power of
-        # two dividing it (K is always even here: see runtime.physical_arrays)
+        # two dividing it (K is always even here: see kernel_args.physical_arrays)
         granule = self.fmt.k_granule & -self.fmt.k_granule
         self.x_copy = min(target.async_copy_bytes // elem_bytes, granule)
         if self.x_copy * elem_bytes < 4:

@@ -1,6 +1,6 @@
 """Lowering of the GEMM that consumes a run-time sparsified operand: C = S @ B on a target with
 a 2:4 sparse MMA (CUDA's `mma.sp` m16n8k32), S [P, L] in the "cuda_mma_sp" activation layout
-(`activation/layout.py`), B [L, N] dense in the matching fragment layout (`pack_b`).
+(`layouts/sparse_activation.py`), B [L, N] dense in the matching fragment layout (`pack_b`).
 
 A threadgroup of 4 warps computes a 64 x 128 tile of C; a warp owns 32 rows (one tile pair:
 one metadata word per lane feeds both tiles, selectors 0 and 1) x 64 columns (8 n8 tiles).

@@ -1,6 +1,6 @@
 """Lowering of a `SparsifySpec` to a kernel: run-time 2:4 sparsification of an activation.
 
-One thread is one *unit* of the operand layout (`activation/layout.py`): rows (g, g + 8) of a
+One thread is one *unit* of the operand layout (`layouts/sparse_activation.py`): rows (g, g + 8) of a
 16-row tile of S and 16 logical columns (four 2:4 groups), looping over `tiles_per_thread`
 tiles along X's rows, so that the per-column zero counts (`stats`) stay in registers and are
 published with one atomic add per column per thread. Per group it loads 4 elements (zero past
@@ -15,7 +15,7 @@ HALF_L4 (pairs per S row, for the MVUE counter), KEY (lowbias32 of the MVUE seed
 """
 from __future__ import annotations
 
-from ..activation.layout import ROW_TILE, ActivationLayout
+from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
 from ..activation.spec import SparsifySpec
 from ..ir import BF16, BOOL, F16, F32, U16, U32, BufferParam, ConstTable, GridDim, Kernel, Value
 from ..targets.base import TARGETS

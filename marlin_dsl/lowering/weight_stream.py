@@ -18,7 +18,7 @@ A). Per step the warp:
 Then every warp stores its accumulators to shared memory and the threadgroup adds the k_warps
 partial tiles and writes Y (rounded once). Which lane holds which element comes from the
 target's lane tables (`Target.lane_elements`); the weights were laid out to match at pack time
-(`stream_layout.py`).
+(`layouts/weight_stream.py`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from .parts.epilogues import KWarpReduce
 from .parts.registers import RegisterFetch
 from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily
-from .stream_layout import LAYOUT_NAME
+from ..layouts.weight_stream import LAYOUT_NAME
 
 
 class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):

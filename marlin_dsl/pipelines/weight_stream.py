@@ -8,7 +8,7 @@ from typing import Literal
 
 from ..errors import ScheduleError
 from ..formats import Format
-from ..lowering.stream_layout import stream_layout
+from ..layouts.weight_stream import stream_layout
 from ..targets.base import Target
 from .base import ScheduleShape, register_pipeline, require_positive
 
@@ -47,7 +47,7 @@ def check_stream(schedule: ScheduleShape, kind: str, fmt: Format, target: Target
 class WeightStream:
     """Marlin's idea for small M: weights never touch shared memory. The product is computed
     transposed (Y^T = W^T X^T) so the weights are the MMA's A operand; the target lays the
-    packed weights out in fragment order at pack time (`lowering/stream_layout.py`), each lane
+    packed weights out in fragment order at pack time (`layouts/weight_stream.py`), each lane
     fetches its fragments for several K tiles with one 128-bit load (the next step's load is
     issued before this step's decode), decodes them in registers two at a time, and takes the
     activations' B fragments straight from device memory. The `k_warps` warps of a threadgroup

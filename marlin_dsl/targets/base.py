@@ -65,7 +65,7 @@ class Target:
     #: tiles that are absent; None without a sparse MMA
     sparse_idle_metadata: int | None = None
     #: the physical layout of a sparsified activation operand that the sparse MMA reads in
-    #: fragment order (`activation/layout.py`); None: the row-major layout
+    #: fragment order (`layouts/sparse_activation.py`); None: the row-major layout
     sparse_activation_layout: str | None = None
     #: physical weight layouts (other than the format's own) that the target's kernels read
     weight_layouts: tuple[str, ...] = ()
@@ -86,7 +86,7 @@ class Target:
         """Which elements of an MMA operand tile each lane holds in its registers, in register
         order: (row[lane, e], col[lane, e]), or None where the target keeps them opaque.
         `frag_build` and the weight layouts that feed fragments straight from registers
-        (`lowering/stream_layout.py`) read this table; nothing else hard-codes it."""
+        (`layouts/weight_stream.py`) read this table; nothing else hard-codes it."""
         table = self.lane_tables.get((role, rows, cols))
         if table is None:
             return None

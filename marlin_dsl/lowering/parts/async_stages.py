@@ -6,7 +6,7 @@ pairs). Needs the stream setup (`stream_family.py`) and the lowering's stage siz
 from __future__ import annotations
 
 from ...ir import U32, Value, VectorType
-from ..stream_layout import VECTOR_WORDS
+from ...layouts.weight_stream import VECTOR_WORDS
 from .context import GemmParts
 
 

@@ -5,7 +5,7 @@ runs with the layout's K shuffle). Needs the stream setup (`stream_family.py`)."
 from __future__ import annotations
 
 from ...ir import U32, Value, VectorType
-from ..stream_layout import VECTOR_WORDS
+from ...layouts.weight_stream import VECTOR_WORDS
 from .context import GemmParts
 
 
@@ -67,7 +67,7 @@ class RegisterFetch(GemmParts):
 
     def b_fragment(self, k_tile0: Value, mt: int) -> Value:
         """The B fragment of X^T rows [k_tile0, +16), columns [m0 + 8 mt, +8): pairs of
-        adjacent activations along K, masked by M and K (K is even: see runtime.physical_arrays)."""
+        adjacent activations along K, masked by M and K (K is even: see kernel_args.physical_arrays)."""
         b = self.b
         m_ok, row = self.x_row(mt, "xr")
         lane_k = self.op2("add", k_tile0, self.b_k0, hint="k")

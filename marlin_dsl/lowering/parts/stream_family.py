@@ -1,6 +1,6 @@
 """The stream-layout family's shared parts (weight stream and multistage): both compute
 Y^T = W^T X^T with the weights as the MMA's A operand in the fragment-ordered layout
-(`stream_layout.py`). Here: the lane tables and layout facts (`init_stream`), the setup every
+(`layouts/weight_stream.py`). Here: the lane tables and layout facts (`init_stream`), the setup every
 such kernel starts with (thread indices, lane tables, tile indices, K vectors, which N tiles
 exist: `stream_setup`), the group parameters of a lane's rows, A fragments decoded pair by
 pair, B fragments from a lane's activation run, and one K step's MMAs over the layout's K
@@ -17,7 +17,7 @@ from ...ir import U32, ConstTable, FragmentType, Value
 from ..decode import encoding_tables
 from ..group_params import GroupValues
 from ..pair_decode import PairDecoder
-from ..stream_layout import StreamLayout, stream_layout
+from ...layouts.weight_stream import StreamLayout, stream_layout
 from .context import GemmParts
 
 

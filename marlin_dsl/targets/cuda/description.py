@@ -45,4 +45,4 @@ CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_by
               sparse_mma=(sl.SPARSE_M, sl.SPARSE_N, sl.SPARSE_K), lane_tables=_LANE_TABLES,
               metadata_tables=_METADATA_TABLES, shared_row_pad_bytes=16, async_copy_bytes=16,
               sparse_idle_metadata=0x44444444, sparse_activation_layout="cuda_mma_sp",
-              weight_layouts=("lane_stream",))  # lowering/stream_layout.py LAYOUT_NAME
+              weight_layouts=("lane_stream",))  # layouts/weight_stream.py LAYOUT_NAME

@@ -5,7 +5,7 @@ e.g. loaded from a manifest written where the compiler runs) and returns a `Cuda
 with a `PackedWeights` (or the MLX arrays `weights()` made from one) and activations x [M, K]
 to get y [M, N] as an MLX array in the kernel's activation type.
 
-Buffers, as `runtime.gemm_buffers` lays them out for every executor: x (flat [M, K] in the
+Buffers, as `kernel_args.gemm_buffers` lays them out for every executor: x (flat [M, K] in the
 activation type), the packed arrays by name (flat), `dims` = [M, N, K] (u32), then the outputs.
 The striped pipeline's `counters` (one u32 per output tile; the kernel finds them zero and
 leaves them zero) are passed as a zeroed *input* (see `targets/cuda/printer.py`, `inout_inputs`), so
@@ -37,7 +37,7 @@ from .source import CudaSource
 __all__ = ["CudaGemm", "CudaWeights", "build_cuda_kernel", "gemm_inout_inputs", "cuda_executor"]
 
 #: Readwrite buffers of the lowered GEMMs that a launch must find zeroed (and that the kernel
-#: leaves zeroed): the striped pipeline's arrival counters (runtime.gemm_buffers).
+#: leaves zeroed): the striped pipeline's arrival counters (kernel_args.gemm_buffers).
 ZEROED_STATE = ("counters",)
 
 _MX_DTYPE = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "u32": "uint32",
@@ -103,7 +103,7 @@ class CudaGemm:
         if self.format_name is not None and getattr(packed, "format", None) is not None \
                 and packed.format.name != self.format_name:
             raise ShapeError(f"packed: format {packed.format.name!r} is not the kernel's {self.format_name!r}")
-        from ...runtime import physical_arrays
+        from ...kernel_args import physical_arrays
 
         arrays = physical_arrays(self.source.attrs, packed)  # the target's layout, chosen here
         out = {}
@@ -193,7 +193,7 @@ class CudaGemm:
         outs = self.kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
                            threadgroup=threadgroup, init_value=float("nan") if poison else None,
                            verbose=verbose)
-        if return_all:  # every output flat, as runtime.gemm_buffers lays them out
+        if return_all:  # every output flat, as kernel_args.gemm_buffers lays them out
             return {name: out.reshape(-1) for name, out in zip(s.output_names, outs)}
         return outs[s.output_names.index("y")]
 
@@ -210,7 +210,7 @@ def build_cuda_kernel(kernel: Kernel | CudaSource, name: str | None = None) -> C
 
 def cuda_executor():
     """An executor for `kernel_check.check_kernel` (Kernel, numpy buffers as
-    `runtime.gemm_buffers` makes them, scalars) -> numpy outputs, running on MLX's CUDA
+    `kernel_args.gemm_buffers` makes them, scalars) -> numpy outputs, running on MLX's CUDA
     backend. Launchers are cached per kernel."""
     cache: dict[int, CudaGemm] = {}
 

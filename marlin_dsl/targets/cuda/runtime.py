@@ -4,8 +4,8 @@
 backend), lowered, passed and printed as `marlin-dsl compile` does, and launched through
 `build_cuda_kernel`.
 
-The schedule follows the rows of x: the weight-stream pipeline's schedule for that many rows
-(`tuning.stream_schedule`) where the format has a weight-stream layout on CUDA, else the
+The schedule follows the rows of x: the tuned schedule for that many rows
+(`tuning.tuned_schedule`) where the format has a weight-stream layout on CUDA, else the
 format's default schedule. Kernels are cached per (format, activation, schedule) for the process;
 the weights' CUDA layout is made once per packed weight (`cuda_weights`)."""
 from __future__ import annotations
@@ -22,20 +22,20 @@ from ...errors import ScheduleError
 from ...formats import Format, PackedWeights
 from ...ir.core import Kernel
 from ...ir.text import print_kernel
-from ...lowering.stream_layout import LAYOUT_NAME, stream_layout
+from ...layouts.weight_stream import LAYOUT_NAME, stream_layout
 from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .description import CUDA
 from .launch import CudaGemm, CudaWeights, build_cuda_kernel
 from .printer import print_cuda
-from .tuning import stream_schedule
+from .tuning import tuned_schedule
 
 
 def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
     """The schedule `quantized_linear` runs `fmt` with for m rows of activations (and a [K, N]
     weight) on CUDA."""
     try:
-        return stream_schedule(fmt, m, CUDA, k, n)
+        return tuned_schedule(fmt, m, CUDA, k, n)
     except ScheduleError:  # no weight-stream layout for this format (block patterns, 4:8, 3-bit)
         return default_schedule(fmt)
 
@@ -88,7 +88,7 @@ def write_cuda_kernel(compiled: CompiledGemm, out_dir: Path) -> list[Path]:
     (folder / "manifest.json").write_text(json.dumps({
         "kernel": name, "target": target, "weight_layout": layout,
         "weights": "as marlin_dsl.pack(format, w) gives them" if layout == "linear" else
-                   "marlin_dsl.runtime.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
+                   "marlin_dsl.kernel_args.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
         "source": src.to_json()}, indent=1, sort_keys=True) + "\n")
     return [folder / f"{name}.{target}.ir", folder / f"{name}.cu", folder / "manifest.json"]
 

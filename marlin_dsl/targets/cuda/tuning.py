@@ -4,20 +4,21 @@ for M rows of activations (and a [K, N] weight), from measurements on an H100
 from __future__ import annotations
 
 from ...formats import Format
-from ...lowering.stream_layout import stream_layout
+from ...layouts.weight_stream import stream_layout
 from ...schedule import Multistage, Schedule, WeightStream
 from ..base import Target
 from .description import CUDA
 
-__all__ = ["multistage_schedule", "stream_schedule"]
+__all__ = ["multistage_schedule", "tuned_schedule"]
 
 
-def stream_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
-                    n: int | None = None) -> Schedule:
-    """The weight-stream schedule for M rows of activations (and, when known, the weight's
-    [K, N]): tiles one MMA wide in M (8 or 16 rows) and many warps splitting K, so that enough
-    128-bit weight loads are in flight; larger M runs several 16-row threadgroups over the same
-    weights (served from L2 after the first)."""
+def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
+                   n: int | None = None) -> Schedule:
+    """The tuned schedule for M rows of activations (and, when known, the weight's [K, N]):
+    up to 64 rows (16 where N > K) the weight stream, tiles one MMA wide in M (8 or 16 rows)
+    and many warps splitting K, so that enough 128-bit weight loads are in flight, or 32-row
+    tiles over the same weights (served from L2 after the first); beyond, the multistage
+    pipeline (`multistage_schedule`)."""
     target = target or CUDA  # None: this target (callers may pass another description)
     tile_k = stream_layout(fmt, target).dense_chunk
 

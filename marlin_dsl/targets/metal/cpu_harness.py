@@ -263,7 +263,7 @@ class _Guarded:
 
 def _to_storage(flat: np.ndarray, dtype: str, name: str) -> np.ndarray:
     if dtype == "bfloat16_t":
-        from ...runtime import round_to_activation
+        from ...ir.numerics import round_to_activation
         bits = round_to_activation(flat.astype(np.float32), "bf16").view(np.uint32) >> np.uint32(16)
         return bits.astype(np.uint16)
     storage = np.dtype(_STORAGE[dtype])
@@ -392,7 +392,7 @@ def run_metal_cpu(source: MetalSource | Kernel | CompiledMetal, buffers: dict[st
                   **kwargs) -> dict[str, np.ndarray]:
     """Compile (cached) and execute a Metal kernel on the CPU; return its outputs.
 
-    `buffers` holds every kernel buffer by name, flat (as `marlin_dsl.runtime.gemm_buffers`
+    `buffers` holds every kernel buffer by name, flat (as `marlin_dsl.kernel_args.gemm_buffers`
     builds them); `scalars` the launch scalars (passed to the kernel in its `dims` input);
     `grid` the threadgroup counts (default: from the kernel's grid and the scalars), `threads`
     the threads per threadgroup (default: the kernel's). Keyword arguments go to

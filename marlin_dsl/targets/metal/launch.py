@@ -4,7 +4,7 @@ protocol, as `targets/cuda/launch.py` does for CUDA): `build_metal_kernel(kernel
 format's own layout: Metal kernels read no other) and activations x [M, K] to get y [M, N] as
 an MLX array in the kernel's activation type.
 
-Buffers as `runtime.gemm_buffers` lays them out for every executor: x (flat [M, K]), the packed
+Buffers as `kernel_args.gemm_buffers` lays them out for every executor: x (flat [M, K]), the packed
 arrays by name (flat), `dims` = [M, N, K] (u32), then the outputs. The striped pipeline's
 arrival counters are an output that must start at zero, so every output is filled with 0
 (`init_value`), as the generated launcher of `ship.py` does. Grid in threads (MLX's

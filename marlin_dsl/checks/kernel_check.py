@@ -7,14 +7,14 @@ from typing import Callable
 
 import numpy as np
 
-from .api import pack
-from .formats.evaluate import reference_matmul
-from .formats.scaling import PER_COLUMN
-from .ir import Kernel
-from .ir.interpret import run_kernel
-from .runtime import gemm_buffers, read_output
-from .schedule import Gemm
-from .verify import sample_weights
+from ..formats.evaluate import reference_matmul
+from ..formats.pack_weights import pack
+from ..formats.scaling import PER_COLUMN
+from ..ir import Kernel
+from ..ir.interpret import run_kernel
+from ..kernel_args import gemm_buffers, read_output
+from ..schedule import Gemm
+from .format_check import sample_weights
 
 #: Relative error (Frobenius) allowed against the float64 reference: the kernel rounds the
 #: activations and the output to 16 bits and accumulates in f32, so errors sit near 2**-11.

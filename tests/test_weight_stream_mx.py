@@ -13,10 +13,10 @@ import marlin_dsl as md
 from marlin_dsl import CUDA
 from marlin_dsl.errors import ShapeError
 from marlin_dsl.layers.interop import mlx_format
-from marlin_dsl.lowering.stream_layout import stream_arrays
-from marlin_dsl.lowering.stream_layout_mx import linear_arrays_mx, stream_arrays_mx, stream_shapes
-from marlin_dsl.mlx_ops import packed_to_mx
-from marlin_dsl.verify import sample_weights
+from marlin_dsl.layouts.weight_stream import stream_arrays
+from marlin_dsl.layers.weight_stream_mx import linear_arrays_mx, stream_arrays_mx, stream_shapes
+from marlin_dsl.layers.mlx_ops import packed_to_mx
+from marlin_dsl.checks.format_check import sample_weights
 
 FORMATS = {name: md.builtin_format(name)
            for name in ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")}

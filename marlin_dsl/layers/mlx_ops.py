@@ -25,9 +25,9 @@ from typing import Mapping
 import mlx.core as mx
 import numpy as np
 
-from .errors import ShapeError
-from .formats import BlockPatternSparsity, Format, NMSparsity, STORAGE_TYPES, StorageType
-from .formats.bitstream import fields_per_group
+from ..errors import ShapeError
+from ..formats import BlockPatternSparsity, Format, NMSparsity, STORAGE_TYPES, StorageType
+from ..formats.bitstream import fields_per_group
 
 #: Element names of `BufferSpec.elem` -> the MLX dtypes the arrays must have.
 _MX_DTYPES: dict[str, mx.Dtype] = {

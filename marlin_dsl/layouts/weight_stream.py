@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import ScheduleError
 from ..formats import Format, NMSparsity
 from ..formats.bitstream import unpack_bits
+from ..formats.packing import metadata_positions
 from ..formats.tensors import PackedWeights
 from ..targets.base import Target
 
@@ -234,8 +235,6 @@ def stream_arrays(fmt: Format, target: Target, packed: PackedWeights) -> dict[st
     arrays = dict(packed.arrays)
     arrays["qweight"] = layout.pack(stored)
     if layout.sparse:
-        from ..formats.layout import metadata_positions
-
         positions = metadata_positions(np.asarray(packed.arrays["meta"]), fmt.sparsity, fmt.packing.word_bits)
         arrays["meta"] = layout.pack_metadata(positions)
     return arrays

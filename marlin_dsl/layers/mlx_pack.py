@@ -41,12 +41,12 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-from .api import pack
-from .errors import ShapeError
-from .formats import (BlockPatternSparsity, FloatEncoding, Format, GroupScale, IntEncoding, NMSparsity,
+from ..errors import ShapeError
+from ..formats import (BlockPatternSparsity, FloatEncoding, Format, GroupScale, IntEncoding, NMSparsity,
                       PackedWeights)
-from .formats.quantize import GroupParameters, group_parameters
-from .formats.tensors import check_float_matrix
+from ..formats.pack_weights import pack
+from ..formats.quantize import GroupParameters, group_parameters
+from ..formats.tensors import check_float_matrix
 from .mlx_ops import pack_bits_mx, packed_to_mx
 
 _FLOATS = (mx.float16, mx.bfloat16, mx.float32)

@@ -11,19 +11,13 @@ from .errors import ShapeError
 from .formats import PackedWeights
 from .formats.tensors import check_float_matrix
 from .ir import Kernel
+from .ir.numerics import round_to_activation
+from .layouts.weight_stream import LAYOUT_NAME, stream_arrays
+from .targets.base import TARGETS
 
 #: Poison written into outputs before a kernel runs: any element the kernel fails to write
 #: stays NaN and fails the comparison.
 POISON = np.nan
-
-
-def round_to_activation(x: np.ndarray, activation: str) -> np.ndarray:
-    """x rounded to f16, or to bf16 (held in float32, round to nearest even)."""
-    if activation == "f16":
-        return x.astype(np.float16)
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return rounded.astype(np.uint32).view(np.float32)
 
 
 def physical_arrays(attrs: dict, packed: PackedWeights) -> dict[str, np.ndarray]:
@@ -32,9 +26,6 @@ def physical_arrays(attrs: dict, packed: PackedWeights) -> dict[str, np.ndarray]
     layout = attrs.get("weight_layout")
     if layout is None or packed.layout == layout:  # already in the kernel's layout
         return dict(packed.arrays)
-    from .lowering.stream_layout import LAYOUT_NAME, stream_arrays
-    from .targets.base import TARGETS
-
     if layout != LAYOUT_NAME:
         raise ShapeError(f"kernel: unknown weight layout {layout!r}")
     # K is even here: the layout takes code widths dividing 16, whose K granule (32 / bits

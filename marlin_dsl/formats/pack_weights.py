@@ -1,10 +1,15 @@
-"""The public packing API: `pack(fmt, weights)` and a `pack_<format>_weights` per built-in."""
+"""The public packing API: `pack(fmt, weights)` (float weights to packed arrays in one call:
+quantize -> prune -> pack_codes) and a `pack_<format>_weights` per built-in."""
 from __future__ import annotations
 
 from typing import Callable
 
-from .formats import Format, PackedWeights, pack_codes, prune, quantize
-from .formats.builtin import BUILTIN_FORMATS, GroupSize
+from .builtin import BUILTIN_FORMATS, GroupSize
+from .format import Format
+from .packing import pack_codes
+from .prune import prune
+from .quantize import quantize
+from .tensors import PackedWeights
 
 
 def pack(fmt: Format, weights: object) -> PackedWeights:

@@ -1,4 +1,4 @@
-"""The weight-stream layout (stream_layout.py, which says what it is) made and undone with MLX
+"""The weight-stream layout (layouts/weight_stream.py, which says what it is) made and undone with MLX
 ops, on the device: layers convert a weight once when it arrives, without a host round trip,
 and convert back only to save it or hand it out.
 
@@ -20,9 +20,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..formats import Format, NMSparsity
-from ..mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
+from ..layouts.weight_stream import VECTOR_WORDS, StreamLayout, stream_layout
 from ..targets.base import Target
-from .stream_layout import VECTOR_WORDS, StreamLayout, stream_layout
+from .mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
 
 
 @lru_cache(maxsize=None)

@@ -11,7 +11,7 @@ from math import lcm
 
 import numpy as np
 
-from .formats import (
+from ..formats import (
     BlockPatternSparsity,
     Format,
     PackedWeights,
@@ -23,7 +23,7 @@ from .formats import (
     unpack,
     validate,
 )
-from .formats.scaling import PER_COLUMN
+from ..formats.scaling import PER_COLUMN
 
 
 @dataclass
