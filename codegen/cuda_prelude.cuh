@@ -1,4 +1,4 @@
-// cuda_prelude.cuh: device helpers shared by every kernel that marlin_dsl.backends.cuda prints.
+// cuda_prelude.cuh: device helpers shared by every kernel that marlin_dsl.targets.cuda.printer prints.
 //
 // The printer embeds this file verbatim at the top of a kernel's `header` (the text MLX's
 // `mx.fast.cuda_kernel` places before its generated `__global__` function), so it must compile
@@ -22,7 +22,7 @@
 //     with round-to-nearest-even.
 //   - mma: the PTX instruction as inline asm (f32 accumulate; f16 or bf16 inputs).
 //   - 2:4 sparse MMA, PTX `mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{f16,bf16}`
-//     (PTX ISA 9.7.14.6; the layout, checked on an H100, is marlin_dsl/backends/cuda_sparse_layout.py):
+//     (PTX ISA 9.7.14.6; the layout, checked on an H100, is marlin_dsl/targets/cuda/sparse_layout.py):
 //       A: the compressed 16x16 tile (two kept values per 4 logical columns) in frag_a's layout;
 //       B 32x8 (k x n, 4 x .b32, lower row in the low half): frag_b32,
 //         x[r] = (2t + 8r .. 2t + 8r + 1, g), r = 0..3;

@@ -219,6 +219,7 @@ def test_auto_falls_back_to_mlx_without_kernels(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(md_nn, "_cuda_available", lambda: True)
     monkeypatch.delitem(ops.KERNEL_BACKENDS, "cuda", raising=False)
     monkeypatch.setitem(sys.modules, "marlin_dsl.activation.kernels", None)  # import fails
+    monkeypatch.delattr(sys.modules["marlin_dsl.activation"], "kernels", raising=False)  # even if imported before
     assert ops.resolve_backend("auto") == "mlx"
     with pytest.raises(SparsifyError, match="backend 'cuda' not available: the activation kernels"):
         sparsify(mx.ones((4, 8), dtype=mx.float16), SparsifySpec("top2"), backend="cuda")

@@ -29,12 +29,6 @@ ALLOWED: dict[str, str] = {
                               "tuned schedules (md.tuned_schedule, md.multistage_schedule; README, docs/SPEC.md)",
     "marlin_dsl/targets/__init__.py": "the registry's face imports every target package (that fills TARGETS)",
     "marlin_dsl/targets/runtimes.py": "the runtime registry imports every target's runtime",
-    "marlin_dsl/benchmarks/cases.py": "the benchmark runner (a tool above the core) schedules with CUDA's tuned tables",
-    "marlin_dsl/benchmarks/mlx_runner.py": "the benchmark runner times each target's own launch path (to go "
-                                           "through the runtime's Launcher protocol)",
-    "marlin_dsl/activation/kernels.py": "the CUDA launch of the activation kernels (SUPPORTED_TARGETS = "
-                                        "('cuda',)): the Metal launch is not wired, so there is no "
-                                        "second implementation to put behind the runtime protocol yet",
 }
 
 

@@ -1,14 +1,16 @@
-"""The "cuda" backend of `activation.ops`: the sparsify and sparse-GEMM kernels lowered from
-IR, printed as CUDA and launched through `mx.fast.cuda_kernel`.
+"""The kernel backends of `activation.ops`: the sparsify and sparse-GEMM kernels lowered from
+IR for a target and launched through its runtime (`TargetRuntime.kernel_launcher`, e.g.
+`mx.fast.cuda_kernel`).
 
 Same interface as the "mlx" backend (`ops._MLXBackend`): `sparsify(x, spec, seed, target)` and
 `sparse_matmul(s, b)`. The weights-side B operand is converted to the GEMM's fragment layout
 with MLX ops (pad, reshape, one gather derived from the target's lane table) on every call, so
 B may be an activation (a weight gradient's dY) as well as a weight.
 
-Metal: the kernels print and are verified on the Metal CPU harness (`tests/test_sparsify_kernels.py`),
-but launching them through `mx.fast.metal_kernel` is not wired: there is no Apple GPU here to
-check it on, so the "metal" backend raises and "auto" falls back to MLX ops.
+Targets whose runtime launches no kernel but GEMMs (Metal: the kernels print and are verified
+on the Metal CPU harness, `tests/test_sparsify_kernels.py`, but launching them through
+`mx.fast.metal_kernel` is not wired, there is no Apple GPU here to check it on) are not in
+SUPPORTED_TARGETS: that backend raises and "auto" falls back to MLX ops.
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..targets.cuda.printer import print_cuda
-from ..targets.cuda.source import CudaSource
+from ..targets.base import KernelLaunch
+from ..targets.runtimes import RUNTIMES, runtime_for
 from ..ir import Kernel
 from ..lowering.sparse_gemm import b_lane_order, lower_sparse_gemm
 from ..lowering.sparsify import launch_scalars, lower_sparsify
@@ -29,40 +31,27 @@ from .operand import SparseActivation
 from .reference import mvue_key, operand_shape
 from .spec import SparsifyError, SparsifySpec
 
-#: Targets whose kernels this module launches (`ops.resolve_backend` reads it).
-SUPPORTED_TARGETS = ("cuda",)
+#: Targets whose kernels this module launches (`ops.resolve_backend` reads it): those whose
+#: runtime binds any kernel to MLX.
+SUPPORTED_TARGETS = tuple(name for name, runtime in RUNTIMES.items() if runtime.kernel_launcher is not None)
 _MX_DTYPE = {"f16": mx.float16, "bf16": mx.bfloat16}
-_ELEM_DTYPE = {"f16": mx.float16, "bf16": mx.bfloat16, "u32": mx.uint32, "f32": mx.float32}
 
 
-class CudaLaunch:
-    """One printed kernel bound to `mx.fast.cuda_kernel` (any kernel, not only GEMMs)."""
-
-    def __init__(self, kernel: Kernel, inout_inputs: tuple[str, ...] = ()) -> None:
-        self.source: CudaSource = print_cuda(kernel, inout_inputs=inout_inputs)
-        s = self.source
-        self.name = f"{s.name}_{s.digest[:12]}"
-        self._kernel = s.mlx_kernel(self.name)
-
-    def __call__(self, arrays: dict[str, mx.array], out_shapes: dict[str, tuple[int, ...]],
-                 scalars: dict[str, int], init_value: float | None = None) -> dict[str, mx.array]:
-        s = self.source
-        grid, threadgroup = s.launch_dims(scalars)
-        inputs = [mx.array(s.dims(scalars)) if n == "dims" else arrays[n] for n in s.input_names]
-        outs = self._kernel(inputs=inputs, output_shapes=[out_shapes[n] for n in s.output_names],
-                            output_dtypes=[_ELEM_DTYPE[s.elems[n]] for n in s.output_names],
-                            grid=grid, threadgroup=threadgroup, init_value=init_value)
-        return dict(zip(s.output_names, outs))
+def _launch(kernel: Kernel, target: str) -> KernelLaunch:
+    launcher = runtime_for(target).kernel_launcher
+    if launcher is None:  # sparsify() refuses such targets first
+        raise SparsifyError(f"backend {target!r}: its runtime launches no activation kernels")
+    return launcher(kernel, ())
 
 
 @lru_cache(maxsize=None)
-def _sparsify_launch(spec: SparsifySpec) -> CudaLaunch:
-    return CudaLaunch(lower_sparsify(spec, "cuda"))
+def _sparsify_launch(spec: SparsifySpec, target: str) -> KernelLaunch:
+    return _launch(lower_sparsify(spec, target), target)
 
 
 @lru_cache(maxsize=None)
-def _gemm_launch(dtype: str) -> CudaLaunch:
-    return CudaLaunch(lower_sparse_gemm(dtype, "cuda"))
+def _gemm_launch(dtype: str, target: str) -> KernelLaunch:
+    return _launch(lower_sparse_gemm(dtype, target), target)
 
 
 @dataclass(frozen=True)
@@ -107,12 +96,13 @@ def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_va
     """Run the sparsify kernel on X [R, C] (`x`, already in the spec's type). `init_value`
     pre-fills every output (checks pass a nonzero pattern to see unwritten words; the column
     counts are corrected for it)."""
-    if target != "cuda":
-        raise SparsifyError(f"backend {target!r}: the activation kernels launch on CUDA only "
-                            f"(the Metal kernels are checked on the CPU harness; use 'mlx')")
+    if target not in SUPPORTED_TARGETS:
+        raise SparsifyError(f"backend {target!r}: the activation kernels launch on "
+                            f"{', '.join(SUPPORTED_TARGETS)} only (the other targets' kernels are "
+                            f"checked on the CPU harness; use 'mlx')")
     shape = (int(x.shape[0]), int(x.shape[1]))
-    layout = ActivationLayout("cuda", *operand_shape(shape, spec.axis))
-    launch = _sparsify_launch(spec)
+    layout = ActivationLayout(target, *operand_shape(shape, spec.axis))
+    launch = _sparsify_launch(spec, target)
     scalars = launch_scalars(spec, layout, shape, int(mvue_key(seed)))
     outs = {"values": (layout.value_words,), "meta": (layout.meta_words,), "colz": (shape[1],)}
     got = launch({"x": x}, outs, scalars, init_value=float(init_value))
@@ -124,7 +114,7 @@ def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_va
         r = mx.maximum(x.astype(mx.float32), 0.0)
         activation = (r * r).astype(x.dtype)
     return SparseActivation(spec, seed, shape, (layout.p, layout.length), activation,
-                            col_zeros, backend="cuda", values=got["values"], metadata=got["meta"],
+                            col_zeros, backend=target, values=got["values"], metadata=got["meta"],
                             layout=BoundLayout(layout, spec.dtype))
 
 
@@ -134,7 +124,7 @@ def _b_gather(target: str) -> mx.array:
     return mx.array((ks * 8 + ns).reshape(-1).astype(np.uint32))
 
 
-def pack_b_mx(b: mx.array, target: str = "cuda") -> mx.array:
+def pack_b_mx(b: mx.array, target: str) -> mx.array:
     """B [L, N] -> the sparse GEMM's fragment layout as flat u32 words (MLX ops)."""
     length, n = int(b.shape[0]), int(b.shape[1])
     kt, nt = -(-length // 32), -(-n // 8)
@@ -151,6 +141,7 @@ def sparse_matmul(s: Any, b: mx.array, *, init_value: float | None = None) -> mx
         b = b.astype(_MX_DTYPE[s.spec.dtype])
     n = int(b.shape[1])
     scalars = {"P": layout.p, "N": n, "KT": layout.k_tiles, "PAIRS": layout.pp // 32, "NT": -(-n // 8)}
-    got = _gemm_launch(s.spec.dtype)({"values": s.values, "meta": s.metadata, "bp": pack_b_mx(b)},
-                                     {"y": (layout.p, n)}, scalars, init_value=init_value)
+    got = _gemm_launch(s.spec.dtype, s.backend)({"values": s.values, "meta": s.metadata,
+                                                 "bp": pack_b_mx(b, s.backend)},
+                                                {"y": (layout.p, n)}, scalars, init_value=init_value)
     return got["y"]

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import lcm
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..formats.format import Format
 from ..schedule import DoubleBuffered, FusedDequant, Schedule, StripedKParallel
-from ..targets.cuda.tuning import tuned_schedule
 from .timing import BATCH_LAUNCHES
+
+#: A target's tuned weight-stream schedules, tuned(fmt, m, k, n) (`TargetRuntime.tuned_schedule`).
+TunedSchedule = Callable[[Format, int, "int | None", "int | None"], Schedule]
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 14336), (14336, 4096))
 DEFAULT_MS: tuple[int, ...] = (1, 16, 64, 256, 2048)
@@ -129,10 +131,12 @@ def kernel_label(kind: str, fmt: str, pipeline: str) -> str:
     return f"{fmt}/{pipeline}"
 
 
-def bench_schedule(fmt: Format, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None) -> Schedule:
-    """The schedule the bench compiles `pipeline` with for `fmt` (weight_stream's depends on M)."""
-    if pipeline == "weight_stream":  # its schedule depends on M (tuned_schedule's buckets)
-        return tuned_schedule(fmt, m, None, k, n)
+def bench_schedule(fmt: Format, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None, *,
+                   tuned: TunedSchedule) -> Schedule:
+    """The schedule the bench compiles `pipeline` with for `fmt`: weight_stream's is the
+    target's tuned one for M rows (`tuned`, the runtime's `tuned_schedule`)."""
+    if pipeline == "weight_stream":  # its schedule depends on M (the tuned tables' buckets)
+        return tuned(fmt, m, k, n)
 
     pl = {"double_buffered": DoubleBuffered, "fused_dequant": FusedDequant,
           "striped": lambda: StripedKParallel(parallel=2, groups=132)}[pipeline]()

@@ -1,28 +1,24 @@
 """Subjects on MLX's GPU device for `marlin-dsl bench`: our kernels, compiled and launched
-through MLX (CUDA: `build_cuda_kernel`; Metal: the generated launcher), and MLX's own baselines
-(`mx.quantized_matmul`, float16 `mx.matmul`). MLX and the compiler are imported only when a
-runner is made or a kernel compiled: without them the bench says what is missing."""
+through MLX by the runtime of the machine's GPU backend (`TargetRuntime.timed_kernel`, e.g. the
+CUDA launcher or Metal's generated launcher; its tuned schedules, `tuned_schedule`), and MLX's
+own baselines (`mx.quantized_matmul`, float16 `mx.matmul`). MLX and the compiler are imported
+only when a runner is made or a kernel compiled: without them the bench says what is missing."""
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.util
 import os
 import platform
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ..formats import pack_weights as api
-from ..targets.cuda.launch import _mx_dtype, build_cuda_kernel
 from ..errors import MarlinDSLError
 from ..formats import dequantize
 from ..formats.builtin import builtin_format
 from ..schedule import Gemm
-from ..targets import CUDA, METAL
 from .cases import DEFAULT_REPEATS, FP16, FP16_FORMAT, QMM, QMM_FORMAT, Measurement, Subject, bench_schedule
 from .device import device_info, gpu_backend, machine
 from .timing import BATCH_LAUNCHES, copies_for, e2e_time, kernel_time
@@ -67,8 +63,8 @@ class _Subject:
 
 
 class MLXRunner:
-    """Subjects on MLX's GPU device: our kernels (CUDA: `build_cuda_kernel`; Metal: the
-    generated launcher) and MLX's baselines. Weight copies are uploaded per (K, N) and freed by
+    """Subjects on MLX's GPU device: our kernels (through the backend's runtime) and MLX's
+    baselines. Weight copies are uploaded per (K, N) and freed by
     `end_shape`."""
 
     def __init__(self, repeats: int = DEFAULT_REPEATS, log: Callable[..., None] | None = None,
@@ -92,6 +88,7 @@ class MLXRunner:
         self._gemms: dict[tuple[str, str], object] = {}
         self._packed: dict[tuple[str, int, int], dict] = {}
         self.compile_s: dict[str, float] = {}
+        self._runtime = None  # the backend's TargetRuntime, looked up with the first kernel
 
     # ----- environment ------------------------------------------------------------------------
 
@@ -212,24 +209,31 @@ class MLXRunner:
                      f"{packed.nbytes / 2**20:.1f} MiB]")
         return self._packed[key]
 
-    def _gemm(self, fmt_name: str, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
-        schedule = bench_schedule(builtin_format(fmt_name), pipeline, m, k, n)
-        key = (fmt_name, pipeline, schedule.name)
-        if key not in self._gemms:
+    def runtime(self):
+        """The `TargetRuntime` of this machine's GPU backend. The runtimes import the compiler,
+        which needs networkx: imported once it is known to be there."""
+        if self._runtime is None:
             try:
                 import networkx  # noqa: F401
             except ImportError as exc:
                 raise MarlinDSLError(f"compiling the kernels needs networkx ({exc}): install marlin_dsl's "
                                      "dependencies on this machine (bench/README.md)") from None
-            from ..compiler import compile_gemm  # networkx: imported once it is known to be there
+            from ..targets.runtimes import runtime_for
+
+            self._runtime = runtime_for(self.backend)
+        return self._runtime
+
+    def _gemm(self, fmt_name: str, pipeline: str, m: int = 1, k: int | None = None, n: int | None = None):
+        runtime = self.runtime()
+        schedule = bench_schedule(builtin_format(fmt_name), pipeline, m, k, n, tuned=runtime.tuned_schedule)
+        key = (fmt_name, pipeline, schedule.name)
+        if key not in self._gemms:
+            from ..compiler import compile_gemm  # networkx: runtime() checked it is there
 
             t = time.perf_counter()
             fmt = builtin_format(fmt_name)
             gemm = Gemm(f"bench_{fmt_name}_{pipeline}_f16", fmt, schedule, activation="f16")
-            if self.backend == "cuda":
-                self._gemms[key] = build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
-            else:
-                self._gemms[key] = _metal_launcher(compile_gemm(gemm, METAL))
+            self._gemms[key] = runtime.timed_kernel(compile_gemm(gemm, runtime.target))
             self.compile_s[f"{fmt_name}/{pipeline}/{schedule.name}"] = round(time.perf_counter() - t, 2)
         return self._gemms[key]
 
@@ -240,63 +244,10 @@ class MLXRunner:
         packed, dense = entry["packed"], entry["dense"]
         count = copies_for(packed.nbytes)
         reference = lambda x: mx.matmul(x.astype(mx.float32), dense)  # noqa: E731
-        if self.backend == "cuda":
-            layout = f"cuda/{gemm.source.attrs.get('weight_layout')}"  # the target's physical layout
-            if layout not in entry["copies"]:
-                entry["copies"][layout] = [gemm.weights(packed) for _ in range(count)]
-                mx.eval(*[a for c in entry["copies"][layout] for a in c.arrays.values()])
-            copies = entry["copies"][layout]
-            for_m = lambda m: self._gemm(fmt_name, pipeline, m, k, n)  # noqa: E731  (M picks the schedule)
-            return _Subject(self, "marlin", fmt_name, pipeline, k, n, packed.nbytes, count,
-                            lambda x, m: _cuda_launch(mx, for_m(m), copies, x, m, n, k),
-                            lambda x, m: (lambda i, g=for_m(m): g(copies[i % len(copies)], x, poison=False)),
-                            reference)
-        if "metal" not in entry["copies"]:
-            names = [nm for nm in gemm.INPUT_NAMES if nm not in ("x", "dims")]
-            entry["copies"]["metal"] = [[mx.array(np.ascontiguousarray(packed.arrays[nm])) for nm in names]
-                                        for _ in range(count)]
-            mx.eval(*[a for c in entry["copies"]["metal"] for a in c])
-        copies = entry["copies"]["metal"]
-        launch = lambda x, m: (lambda i: gemm.launch(x, *copies[i % len(copies)]))  # noqa: E731
-        return _Subject(self, "marlin", fmt_name, pipeline, k, n, packed.nbytes, count, launch, launch, reference)
-
-
-def _cuda_launch(mx, gemm, copies, x, m: int, n: int, k: int) -> Callable[[int], object]:
-    """launch(i): one launch of a CudaGemm on weight copy i, everything but the launch itself
-    prepared here (dims, zeroed counters: one per launch slot of a batch; the kernel leaves
-    them zero and every batch is evaluated before the next is queued)."""
-    s = gemm.source
-    scalars = {"M": m, "N": n, "K": k}
-    sizes = gemm.sizes(m, n, k)
-    dims = mx.array(s.dims(scalars))
-    grid, threadgroup = s.launch_dims(scalars)
-    pool = [{nm: mx.zeros((sizes[nm],), dtype=_mx_dtype(s.elems[nm])) for nm in s.inout_inputs}
-            for _ in range(BATCH_LAUNCHES)]
-    mx.eval(dims, *[a for st in pool for a in st.values()])
-    shapes = [(sizes[nm],) for nm in s.output_names]
-    dtypes = [_mx_dtype(s.elems[nm]) for nm in s.output_names]
-    y_at = s.output_names.index("y")
-    kernel = gemm.kernel
-
-    def launch(i: int):
-        w, state = copies[i % len(copies)], pool[i % len(pool)]
-        inputs = [x if nm == "x" else dims if nm == "dims" else state[nm] if nm in state else w.arrays[nm]
-                  for nm in s.input_names]
-        outs = kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
-                      threadgroup=threadgroup, init_value=None)
-        return outs[y_at].reshape(m, n)
-
-    return launch
-
-
-def _metal_launcher(compiled):
-    """The generated MLX launcher module of a kernel compiled for Metal (written to a temporary
-    folder). Untested here: no Apple GPU on the machines this was written on."""
-    from ..targets.metal.ship import write_metal_kernel  # networkx, through the compiler
-
-    folder = Path(tempfile.mkdtemp(prefix="marlin_bench_"))
-    files = write_metal_kernel(compiled, None, folder)
-    spec = importlib.util.spec_from_file_location(f"marlin_bench_{compiled.gemm.name}", files["launcher"])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+        if gemm.weights_key not in entry["copies"]:  # one set per physical layout
+            entry["copies"][gemm.weights_key] = gemm.weight_copies(packed, count)
+        copies = entry["copies"][gemm.weights_key]
+        for_m = lambda m: self._gemm(fmt_name, pipeline, m, k, n)  # noqa: E731  (M picks the schedule)
+        return _Subject(self, "marlin", fmt_name, pipeline, k, n, packed.nbytes, count,
+                        lambda x, m: for_m(m).launch_timed(copies, x, m, n, k, BATCH_LAUNCHES),
+                        lambda x, m: for_m(m).timed_call(copies, x), reference)

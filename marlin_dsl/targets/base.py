@@ -213,13 +213,51 @@ class LayerKernel:
     weight_layout: str | None
 
 
+class KernelLaunch(Protocol):
+    """Any printed kernel bound to MLX (`TargetRuntime.kernel_launcher`; not only GEMMs: the
+    activation sparsify and sparse-GEMM kernels): called with the input arrays by name, the
+    output shapes by name, the launch scalars and the fill value of the outputs (None: left
+    uninitialised), it returns the outputs by name."""
+
+    def __call__(self, arrays: dict, out_shapes: dict, scalars: dict,
+                 init_value: float | None = None) -> dict: ...
+
+
+class TimedKernel(Protocol):
+    """A compiled GEMM as the benchmark runner times it (`TargetRuntime.timed_kernel`): device
+    copies of the packed weight in the kernel's physical layout, a launch whose inputs are all
+    prepared beforehand (what the kernel time measures) and the public call path (what the
+    end-to-end time measures). Both return launch(i), which runs on weight copy i."""
+
+    #: kernels with the same key read the same weight copies (one physical layout)
+    weights_key: str
+
+    def weight_copies(self, packed: Any, count: int) -> list: ...
+
+    def launch_timed(self, copies: list, x: Any, m: int, n: int, k: int,
+                     slots: int) -> Callable[[int], Any]: ...
+
+    def timed_call(self, copies: list, x: Any) -> Callable[[int], Any]: ...
+
+
 class TargetRuntime(Protocol):
-    """A target above the compiler: shipping, native checks and layer launches. Each target
-    package has one (`targets/<name>/runtime.py`, `RUNTIME`); `targets.runtimes` lists them."""
+    """A target above the compiler: shipping, native checks, layer launches, launches of any
+    kernel, its tuned schedules and what the benchmark runner times. Each target package has one
+    (`targets/<name>/runtime.py`, `RUNTIME`); `targets.runtimes` lists them."""
 
     target: Target
     #: a check of the shipped text beside the interpreter, or None
     native_check: NativeCheck | None
+    #: binds any kernel to MLX, kernel_launcher(kernel, inout_inputs) -> KernelLaunch (the
+    #: readwrite buffers in inout_inputs are passed as inputs); None where that is not wired
+    kernel_launcher: Callable[[Any, tuple[str, ...]], KernelLaunch] | None
+
+    def tuned_schedule(self, fmt: Any, m: int, k: int | None = None, n: int | None = None) -> Any:
+        """The target's tuned weight-stream schedule for m rows of activations and a [K, N]
+        weight (ScheduleError where the target or the format has none)."""
+        ...
+
+    def timed_kernel(self, compiled: Any) -> TimedKernel: ...
 
     def ship(self, compiled: Any, spec_path: Any, out_dir: Any) -> Shipped: ...
 

@@ -20,12 +20,18 @@ groups_z) with threadgroup (threads, 1, 1), groups from the kernel's `GridDim`s 
 (M, N, K) as `ir.interpret.launch_size` evaluates them. MLX caches a compiled module by kernel
 name for the life of the process, so the name carries a hash of the printed source.
 
+`CudaGemm` also offers what the benchmark runner times (`TimedKernel` of targets/base.py:
+weight copies, a launch with its inputs prepared, the public call path), and `CudaLaunch` binds
+any printed kernel (the activation sparsify and sparse-GEMM kernels) to `mx.fast.cuda_kernel`
+(`TargetRuntime.kernel_launcher`).
+
 Importing this module needs only numpy and marlin_dsl's printer; MLX is imported when a kernel
 is built or launched.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,7 +40,7 @@ from ...ir.core import Kernel
 from .printer import print_cuda
 from .source import CudaSource
 
-__all__ = ["CudaGemm", "CudaWeights", "build_cuda_kernel", "gemm_inout_inputs", "cuda_executor"]
+__all__ = ["CudaGemm", "CudaLaunch", "CudaWeights", "build_cuda_kernel", "gemm_inout_inputs", "cuda_executor"]
 
 #: Readwrite buffers of the lowered GEMMs that a launch must find zeroed (and that the kernel
 #: leaves zeroed): the striped pipeline's arrival counters (kernel_args.gemm_buffers).
@@ -196,6 +202,75 @@ class CudaGemm:
         if return_all:  # every output flat, as kernel_args.gemm_buffers lays them out
             return {name: out.reshape(-1) for name, out in zip(s.output_names, outs)}
         return outs[s.output_names.index("y")]
+
+    # ----- timing (the benchmark runner's `TimedKernel`) ---------------------------------------
+
+    @property
+    def weights_key(self) -> str:
+        """Weight copies made for one kernel serve every kernel of the same physical layout."""
+        return f"cuda/{self.source.attrs.get('weight_layout')}"
+
+    def weight_copies(self, packed, count: int) -> list[CudaWeights]:
+        """`count` device copies of the packed weight in this kernel's layout, evaluated."""
+        copies = [self.weights(packed) for _ in range(count)]
+        _mx().eval(*[a for c in copies for a in c.arrays.values()])
+        return copies
+
+    def launch_timed(self, copies: list[CudaWeights], x, m: int, n: int, k: int,
+                     slots: int) -> Callable[[int], Any]:
+        """launch(i): one launch on weight copy i, everything but the launch itself prepared
+        here (dims, zeroed counters: one per launch slot of a batch of `slots`; the kernel
+        leaves them zero and every batch is evaluated before the next is queued)."""
+        mx = _mx()
+        s = self.source
+        scalars = {"M": m, "N": n, "K": k}
+        sizes = self.sizes(m, n, k)
+        dims = mx.array(s.dims(scalars))
+        grid, threadgroup = s.launch_dims(scalars)
+        pool = [{nm: mx.zeros((sizes[nm],), dtype=_mx_dtype(s.elems[nm])) for nm in s.inout_inputs}
+                for _ in range(slots)]
+        mx.eval(dims, *[a for st in pool for a in st.values()])
+        shapes = [(sizes[nm],) for nm in s.output_names]
+        dtypes = [_mx_dtype(s.elems[nm]) for nm in s.output_names]
+        y_at = s.output_names.index("y")
+        kernel = self.kernel
+
+        def launch(i: int):
+            w, state = copies[i % len(copies)], pool[i % len(pool)]
+            inputs = [x if nm == "x" else dims if nm == "dims" else state[nm] if nm in state else w.arrays[nm]
+                      for nm in s.input_names]
+            outs = kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
+                          threadgroup=threadgroup, init_value=None)
+            return outs[y_at].reshape(m, n)
+
+        return launch
+
+    def timed_call(self, copies: list[CudaWeights], x) -> Callable[[int], Any]:
+        """call(i): the public call path on weight copy i (outputs not poisoned)."""
+        return lambda i: self(copies[i % len(copies)], x, poison=False)
+
+
+class CudaLaunch:
+    """One printed kernel bound to `mx.fast.cuda_kernel` (any kernel, not only GEMMs): called
+    with the input arrays by name, the output shapes by name, the launch scalars and the fill
+    value of the outputs; returns the outputs by name."""
+
+    def __init__(self, kernel: Kernel, inout_inputs: tuple[str, ...] = ()) -> None:
+        self.source: CudaSource = print_cuda(kernel, inout_inputs=inout_inputs)
+        s = self.source
+        self.name = f"{s.name}_{s.digest[:12]}"
+        self._kernel = s.mlx_kernel(self.name)
+
+    def __call__(self, arrays: dict[str, Any], out_shapes: dict[str, tuple[int, ...]],
+                 scalars: dict[str, int], init_value: float | None = None) -> dict[str, Any]:
+        mx = _mx()
+        s = self.source
+        grid, threadgroup = s.launch_dims(scalars)
+        inputs = [mx.array(s.dims(scalars)) if n == "dims" else arrays[n] for n in s.input_names]
+        outs = self._kernel(inputs=inputs, output_shapes=[out_shapes[n] for n in s.output_names],
+                            output_dtypes=[_mx_dtype(s.elems[n]) for n in s.output_names],
+                            grid=grid, threadgroup=threadgroup, init_value=init_value)
+        return dict(zip(s.output_names, outs))
 
 
 def build_cuda_kernel(kernel: Kernel | CudaSource, name: str | None = None) -> CudaGemm:

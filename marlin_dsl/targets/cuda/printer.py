@@ -31,18 +31,17 @@ The printer knows only the IR, nothing of formats or schedules; its output is de
 """
 from __future__ import annotations
 
-import math
 import re
 from typing import Iterable
-
-import numpy as np
 
 from ...errors import CompileError
 from ...ir.core import Kernel, Op, Value
 from ...ir.verify import verify_legal
-from ...ir.types import BF16, BOOL, F16, F32, I32, U32, FragmentType, ScalarType, Type, VectorType
+from ...ir.types import BF16, BOOL, F16, F32, I32, U32, ScalarType, Type, VectorType
 from ..c_printer import CPrinter
 from .description import CUDA
+from .print_mma import MMA_EMITTERS, MmaEmitters
+from .print_types import PAIR, bits_table, comment_value, cuda_type, f32_bits, is_pair, literal, zero
 from .source import CUDA_SCALAR as _SCALAR
 from .source import MLX_DEFAULT_HEADER, CudaSource
 
@@ -76,8 +75,7 @@ def dynamic_shared_bytes(kernel: Kernel) -> int:
 
 _INDEX = {"tid": "threadIdx.x", "lane": "(threadIdx.x % 32u)", "warp": "(threadIdx.x / 32u)",
           "group_x": "blockIdx.x", "group_y": "blockIdx.y", "group_z": "blockIdx.z"}
-#: pairs of 16-bit floats are CUDA's native vector types (half2 arithmetic).
-_PAIR = {"f16": "__half2", "bf16": "__nv_bfloat162"}
+#: arithmetic of CUDA's native 16-bit float pairs (print_types.PAIR)
 _PAIR_OP = {"add": "__hadd2", "sub": "__hsub2", "mul": "__hmul2", "min": "__hmin2", "max": "__hmax2"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _HALF_CMP = {"lt": "__hlt", "le": "__hle", "gt": "__hgt", "ge": "__hge", "eq": "__heq",
@@ -105,29 +103,6 @@ mdsl cuda std Shape Strides uint8_t uint16_t uint32_t int32_t int64_t uint64_t
 """.split())
 
 
-def cuda_type(t: Type) -> str:
-    """The CUDA C++ spelling of an IR type."""
-    if isinstance(t, ScalarType):
-        return _SCALAR[t.name]
-    if isinstance(t, VectorType):
-        if t.size == 2 and t.elem.name in _PAIR:
-            return _PAIR[t.elem.name]
-        return f"mdsl::vec<{_SCALAR[t.elem.name]}, {t.size}>"
-    if isinstance(t, FragmentType):
-        mm, mn, mk = CUDA.mma
-        shapes = {"a": (mm, mk), "b": (mk, mn), "c": (mm, mn)}
-        ok_elem = t.elem.name in ("f16", "bf16") if t.role != "c" else t.elem == F32
-        if CUDA.sparse_mma is not None and t.role == "b" and ok_elem \
-                and (t.rows, t.cols) == (CUDA.sparse_mma[2], CUDA.sparse_mma[1]):
-            return f"mdsl::frag_b32<{_SCALAR[t.elem.name]}>"  # B of the sparse m16n8k32
-        if (t.rows, t.cols) != shapes[t.role] or not ok_elem:
-            raise CompileError(f"cuda: fragments are the m16n8k16 operands frag<a, f16|bf16, 16x16>, "
-                               f"frag<b, f16|bf16, 16x8> and frag<c, f32, 16x8> and the sparse "
-                               f"m16n8k32's frag<b, f16|bf16, 32x8>, not {t}")
-        return "mdsl::frag_c" if t.role == "c" else f"mdsl::frag_{t.role}<{_SCALAR[t.elem.name]}>"
-    raise CompileError(f"cuda: no spelling for type {t}")
-
-
 def prelude() -> str:
     """The shared device prelude (codegen/cuda_prelude.cuh)."""
     from ...codegen import read_codegen_file
@@ -135,61 +110,7 @@ def prelude() -> str:
     return read_codegen_file("cuda_prelude.cuh")
 
 
-# ----- literals ------------------------------------------------------------------------------
-
-def _f32_literal(v: float) -> str:
-    v = float(np.float32(v))
-    if math.isnan(v) or math.isinf(v):
-        bits = int(np.array([v], np.float32).view(np.uint32)[0])
-        return f"__uint_as_float({bits:#010x}u)"
-    return repr(v) + "f"  # v is a float32 value: the shortest double repr parses back exactly
-
-
-def _bits_table(t) -> bool:
-    """An f32 table with NaN or infinite entries is printed as its uint32 bits and read with
-    __uint_as_float: a `static __device__ const` table needs constant initialisers, and
-    neither NVRTC nor nvcc takes a call (__uint_as_float) there; NVRTC has no __builtin_nanf."""
-    return t.elem == F32 and not all(math.isfinite(float(np.float32(v))) for v in t.values)
-
-
-def _f32_bits(value) -> str:
-    return f"{int(np.array([value], np.float32).view(np.uint32)[0]):#010x}u"
-
-
-def _half_bits(value: float, t: ScalarType) -> int:
-    if t == F16:
-        return int(np.array([value], np.float16).view(np.uint16)[0])
-    from ...ir.numerics import _f64_to_f32_odd, round_bf16
-    f = round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))
-    return int(f.view(np.uint32)[0]) >> 16
-
-
-def _literal(value, t: ScalarType) -> str:
-    if t == BOOL:
-        return "true" if value else "false"
-    if t == F32:
-        return _f32_literal(float(value))
-    if t in (F16, BF16):
-        bits = _half_bits(float(value), t)
-        fn = "__ushort_as_half" if t == F16 else "__ushort_as_bfloat16"
-        return f"{fn}((unsigned short){bits:#06x}u)"
-    value = int(value)
-    if t.name == "u32":
-        return f"{value}u"
-    if t.name == "i32":
-        return "(-2147483647 - 1)" if value == -2 ** 31 else (f"{value}" if value >= 0 else f"({value})")
-    return f"(({_SCALAR[t.name]}){value}u)"
-
-
-def _zero(t: ScalarType) -> str:
-    return _literal(False if t == BOOL else 0, t)
-
-
-def _comment_value(value, t: ScalarType) -> str:
-    return f"  // {float(value)!r}" if t in (F16, BF16) else ""
-
-
-class _Printer(CPrinter):
+class _Printer(MmaEmitters, CPrinter):
     target = "cuda"
     target_title = "CUDA"
     index_type = "uint32_t"
@@ -225,7 +146,7 @@ class _Printer(CPrinter):
             self.access_name[n] = self._unique(f"{n}_rw")
         self.table_names = {t.name: self._unique("tbl_" + re.sub(r"\W", "_", t.name)) for t in kernel.tables}
         #: tables printed as f32 bits (see _bits_table)
-        self.bit_tables = {self.table_names[t.name] for t in kernel.tables if _bits_table(t)}
+        self.bit_tables = {self.table_names[t.name] for t in kernel.tables if bits_table(t)}
         self.tables = {t.name: t for t in kernel.tables}
 
     def declare(self, depth: int, v: Value, expr: str, comment: str = "") -> None:
@@ -292,7 +213,7 @@ class _Printer(CPrinter):
         if dst == BOOL:
             if src in (F16, BF16):
                 return f"({_TO_F32[src.name]}({x}) != 0.0f)"
-            return f"({x} != {_zero(src)})"
+            return f"({x} != {zero(src)})"
         if dst.is_int:
             if src.is_float:  # truncate toward zero (out of range is an error in the IR)
                 f = x if src == F32 else f"{_TO_F32[src.name]}({x})"
@@ -331,7 +252,7 @@ class _Printer(CPrinter):
         t, value = op.result.type, op.attrs["value"]
         if not isinstance(t, ScalarType):
             raise CompileError(f"cuda: const of type {t}")
-        self.declare(depth, op.result, _literal(value, t), _comment_value(value, t))
+        self.declare(depth, op.result, literal(value, t), comment_value(value, t))
 
     def op_compare(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
@@ -340,7 +261,7 @@ class _Printer(CPrinter):
 
     def op_arith(self, op: Op, depth: int) -> None:
         n, ops = op.name, self.refs(op)
-        if n in _PAIR_OP and self._is_pair(op.result.type):
+        if n in _PAIR_OP and is_pair(op.result.type):
             self.declare(depth, op.result, f"{_PAIR_OP[n]}({ops[0]}, {ops[1]})")
             return
         t = self._scalar(op.operands[0].type, op)
@@ -348,7 +269,7 @@ class _Printer(CPrinter):
 
     def op_fma(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
-        if self._is_pair(op.result.type):
+        if is_pair(op.result.type):
             self.declare(depth, op.result, f"__hfma2({ops[0]}, {ops[1]}, {ops[2]})")
             return
         t = self._scalar(op.result.type, op)
@@ -357,11 +278,11 @@ class _Printer(CPrinter):
 
     def op_bitcast(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
-        if self._is_pair(op.result.type) or self._is_pair(op.operands[0].type):
-            pair = op.result.type if self._is_pair(op.result.type) else op.operands[0].type
+        if is_pair(op.result.type) or is_pair(op.operands[0].type):
+            pair = op.result.type if is_pair(op.result.type) else op.operands[0].type
             if op.operands[0].type != U32 and op.result.type != U32:
                 raise CompileError(f"cuda: kernel {self.k.name}: bitcast {op.operands[0].type} -> {op.result.type}")
-            fn = "mdsl::bits_to_pair<%s>" % _PAIR[pair.elem.name] if self._is_pair(op.result.type) else "mdsl::pair_bits"
+            fn = "mdsl::bits_to_pair<%s>" % PAIR[pair.elem.name] if is_pair(op.result.type) else "mdsl::pair_bits"
             self.declare(depth, op.result, f"{fn}({ops[0]})")
             return
         src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
@@ -370,14 +291,11 @@ class _Printer(CPrinter):
     def op_vec(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         t = op.result.type
-        if self._is_pair(t):
+        if is_pair(t):
             make = "__halves2half2" if t.elem == F16 else "__halves2bfloat162"  # type: ignore[union-attr]
             self.declare(depth, op.result, f"{make}({ops[0]}, {ops[1]})")
         else:
             self.declare(depth, op.result, f"{cuda_type(t)}{{{{{', '.join(ops)}}}}}")
-
-    def op_frag_build(self, op: Op, depth: int) -> None:
-        self.frag_build(op, self.refs(op), depth)
 
     def op_select(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
@@ -393,7 +311,7 @@ class _Printer(CPrinter):
         _, elem, _ = self.memory(str(a["buffer"]))
         access = self.read(str(a["buffer"]), ops[0])
         if len(ops) > 1:
-            access = f"({ops[1]} ? {access} : {_zero(elem)})"
+            access = f"({ops[1]} ? {access} : {zero(elem)})"
         self.declare(depth, op.result, access)
 
     def op_vload(self, op: Op, depth: int) -> None:
@@ -415,12 +333,12 @@ class _Printer(CPrinter):
             idx = ops[0] if i == 0 else f"{ops[0]} + {i}u"
             access = self.read(str(a["buffer"]), idx)
             if len(ops) > 1:
-                access = f"({ops[1]} ? {access} : {_zero(elem)})"
+                access = f"({ops[1]} ? {access} : {zero(elem)})"
             self.emit(depth, f"{name}.v[{i}] = {access};")
 
     def op_extract(self, op: Op, depth: int) -> None:
         ops, a = self.refs(op), op.attrs
-        member = ("x", "y")[int(a["index"])] if self._is_pair(op.operands[0].type) else f"v[{int(a['index'])}]"
+        member = ("x", "y")[int(a["index"])] if is_pair(op.operands[0].type) else f"v[{int(a['index'])}]"
         self.declare(depth, op.result, f"{ops[0]}.{member}")
 
     def op_store(self, op: Op, depth: int) -> None:
@@ -446,69 +364,8 @@ class _Printer(CPrinter):
     def op_fence(self, op: Op, depth: int) -> None:
         self.emit(depth, "__threadfence();" if op.attrs["scope"] == "device" else "__threadfence_block();")
 
-    def op_frag_zero(self, op: Op, depth: int) -> None:
-        cuda_type(op.result.type)  # refuses a fragment type CUDA does not have
-        self.declare(depth, op.result, "mdsl::zero_c()")
-
-    def op_frag_load(self, op: Op, depth: int) -> None:
-        ops, a = self.refs(op), op.attrs
-        mem, _, _ = self.memory(str(a["buffer"]))
-        t = op.result.type
-        assert isinstance(t, FragmentType)
-        cuda_type(t)
-        transpose = "true" if a.get("transpose") else "false"
-        load = "load_b32" if cuda_type(t).startswith("mdsl::frag_b32") else f"load_{t.role}"
-        self.declare(depth, op.result, f"mdsl::{load}<{int(a['ld'])}, {transpose}>({mem} + {ops[0]})")
-
-    def op_frag_store(self, op: Op, depth: int) -> None:
-        ops, a = self.refs(op), op.attrs
-        mem, elem, _ = self.memory(str(a["buffer"]))
-        cuda_type(op.operands[0].type)
-        if elem not in (F16, BF16, F32):
-            raise CompileError(f"cuda: kernel {self.k.name}: frag_store to @{a['buffer']} of {elem}")
-        self.emit(depth, f"mdsl::store_c<{int(a['ld'])}>({mem} + {ops[1]}, {ops[0]});")
-
-    def op_frag_elems(self, op: Op, depth: int) -> None:
-        ops = self.refs(op)
-        t = op.operands[0].type
-        assert isinstance(t, FragmentType)
-        if t.role != "c":  # a and b fragments hold 16-bit pairs; only c's elements are needed
-            raise CompileError(f"cuda: kernel {self.k.name}: frag_elems of {t}")
-        elems = ", ".join(f"{ops[0]}.x[{i}]" for i in range(4))
-        self.declare(depth, op.result, f"{cuda_type(op.result.type)}{{{{{elems}}}}}")
-
-    def op_async_copy(self, op: Op, depth: int) -> None:
-        ops, a = self.refs(op), op.attrs
-        dst, _, _ = self.memory(str(a["dst"]))
-        src, elem, _ = self.memory(str(a["src"]))
-        nbytes = int(a["size"]) * elem.bits // 8
-        pred = ops[2] if len(ops) > 2 else "true"
-        # With a false predicate no byte is read (src-size 0): point at the buffer's start.
-        self.emit(depth, f"mdsl::cp_async<{nbytes}>(&{dst}[{ops[0]}], {pred} ? &{src}[{ops[1]}] : {src}, {pred});")
-
-    def op_async_commit(self, op: Op, depth: int) -> None:
-        self.emit(depth, "mdsl::cp_async_commit();")
-
-    def op_async_wait(self, op: Op, depth: int) -> None:
-        self.emit(depth, f"mdsl::cp_async_wait<{int(op.attrs['pending'])}>();")
-
-    def op_mma(self, op: Op, depth: int) -> None:
-        ops = self.refs(op)
-        for v in (*op.operands, op.result):
-            cuda_type(v.type)
-        self.declare(depth, op.result, f"mdsl::mma({ops[0]}, {ops[1]}, {ops[2]})")
-
-    def op_mma_sp(self, op: Op, depth: int) -> None:
-        ops = self.refs(op)
-        for v in (*op.operands[:3], op.result):
-            cuda_type(v.type)
-        selector = op.attrs["selector"]
-        if isinstance(selector, bool) or selector not in (0, 1):
-            raise CompileError(f"cuda: kernel {self.k.name}: mma_sp selector {selector!r}")
-        self.declare(depth, op.result,
-                     f"mdsl::mma_sp<{int(selector)}>({ops[0]}, {ops[1]}, {ops[2]}, {ops[3]})")
-
-    #: CUDA's legal ops: the shared C-family entries and these (every op of the IR).
+    #: CUDA's legal ops: the shared C-family entries, these and the tensor-core ops of
+    #: print_mma.py (every op of the IR).
     EMITTERS = {
         **CPrinter.EMITTERS,
         "const": op_const,
@@ -516,44 +373,17 @@ class _Printer(CPrinter):
         **dict.fromkeys(("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"),
                         op_arith),
         "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast,
-        "vec": op_vec, "extract": op_extract, "frag_build": op_frag_build,
+        "vec": op_vec, "extract": op_extract, "frag_build": MmaEmitters.op_frag_build,
         "load": op_load, "vload": op_vload, "store": op_store, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
-        "frag_zero": op_frag_zero, "frag_load": op_frag_load, "frag_store": op_frag_store,
-        "frag_elems": op_frag_elems, "async_copy": op_async_copy, "async_commit": op_async_commit,
-        "async_wait": op_async_wait, "mma": op_mma, "mma_sp": op_mma_sp,
+        **MMA_EMITTERS,
     }
-
-    @staticmethod
-    def _is_pair(t: Type) -> bool:
-        return isinstance(t, VectorType) and t.size == 2 and t.elem.name in _PAIR
 
     def wide_load(self, t: Type, buffer: str) -> bool:
         """A vload printed as one vector access: 4, 8 or 16 bytes, not through __ldcg."""
         _, elem, kind = self.memory(buffer)
         assert isinstance(t, VectorType)
         return kind != "readwrite" and elem.bits * t.size in (32, 64, 128) and elem.bits >= 16
-
-    def frag_build(self, op: Op, ops: list[str], depth: int) -> None:
-        """Registers of 32 bits from the lane's elements, two 16-bit elements each (low first)."""
-        t = op.result.type
-        assert isinstance(t, FragmentType)
-        elems: list[tuple[str, str]] = []  # (expression, "pair" | "scalar")
-        for v, ref in zip(op.operands, ops):
-            if self._is_pair(v.type):
-                elems += [(ref, "pair"), ("", "pair-high")]
-            elif isinstance(v.type, VectorType):
-                elems += [(f"{ref}.v[{i}]", "scalar") for i in range(v.type.size)]
-            else:
-                elems.append((ref, "scalar"))
-        name = self.define(op.result)
-        self.emit(depth, f"{cuda_type(t)} {name};")
-        for r in range(len(elems) // 2):
-            (lo, lo_kind), (hi, hi_kind) = elems[2 * r], elems[2 * r + 1]
-            word = f"mdsl::pair_bits({lo})" if lo_kind == "pair" else f"mdsl::pack2({lo}, {hi})"
-            if lo_kind == "pair-high" or hi_kind == "pair":  # a pair split across two registers
-                raise CompileError(f"cuda: kernel {self.k.name}: frag_build pairs must start on a register")
-            self.emit(depth, f"{name}.x[{r}] = {word};")
 
     def _scalar(self, t: Type, op: Op) -> ScalarType:
         if not isinstance(t, ScalarType):
@@ -567,10 +397,10 @@ class _Printer(CPrinter):
 
     def declarations(self) -> str:
         k = self.k
-        out = [f"// kernel {k.name}: generated by marlin_dsl.backends.cuda"]
+        out = [f"// kernel {k.name}: generated by marlin_dsl.targets.cuda.printer"]
         for t in k.tables:
-            bits = _bits_table(t)
-            values = [_f32_bits(v) if bits else _literal(v, t.elem) for v in t.values]
+            bits = bits_table(t)
+            values = [f32_bits(v) if bits else literal(v, t.elem) for v in t.values]
             per_row = 4 if t.elem in (F16, BF16) else 8
             rows = [", ".join(values[i:i + per_row]) for i in range(0, len(values), per_row)]
             elem = "uint32_t" if bits else _SCALAR[t.elem.name]

@@ -2,7 +2,8 @@
 -o` writes for a kernel (the IR, a complete .cu and a manifest a launcher can rebuild the
 `CudaSource` from), and kernels compiled on first use for `quantized_linear` (MLX's CUDA
 backend), lowered, passed and printed as `marlin-dsl compile` does, and launched through
-`build_cuda_kernel`.
+`build_cuda_kernel`. The runtime also binds any kernel to MLX (`CudaLaunch`: the activation
+kernels), names the tuned schedules and hands the benchmark runner its launchers.
 
 The schedule follows the rows of x: the tuned schedule for that many rows
 (`tuning.tuned_schedule`) where the format has a weight-stream layout on CUDA, else the
@@ -26,7 +27,7 @@ from ...layouts.weight_stream import LAYOUT_NAME, stream_layout
 from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .description import CUDA
-from .launch import CudaGemm, CudaWeights, build_cuda_kernel
+from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel
 from .printer import print_cuda
 from .tuning import tuned_schedule
 
@@ -98,6 +99,15 @@ class CudaRuntime:
 
     target: Target = CUDA
     native_check = None  # the printed text is checked by nvcc and on the GPU (tests, bench/)
+    kernel_launcher = CudaLaunch  # any kernel through mx.fast.cuda_kernel
+
+    def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
+        """The H100-tuned weight-stream (or, for many rows, multistage) schedule (`tuning.py`)."""
+        return tuned_schedule(fmt, m, CUDA, k, n)
+
+    def timed_kernel(self, compiled: CompiledGemm) -> CudaGemm:
+        """The launcher the benchmark runner times (`CudaGemm` is a `TimedKernel`)."""
+        return build_cuda_kernel(compiled.kernel)
 
     def ship(self, compiled: CompiledGemm, spec_path: Path | None, out_dir: Path | None) -> Shipped:
         """With `out_dir`, the kernel's files (`write_cuda_kernel`); without, nothing is printed."""

@@ -2,25 +2,33 @@
 file and a generated launcher (`ship.py`), the CLI checks the shipped text on the CPU harness,
 and layers launch kernels compiled on first use for `quantized_linear`: the same compiler path
 as `marlin-dsl compile` (lower, passes, print, write the launcher), cached on disk by a hash of
-the format and tool version, and launched through the generated launcher module."""
+the format and tool version, and launched through the generated launcher module. The benchmark
+runner times a kernel through its generated launcher too (`ShippedKernel`). Metal has no tuned
+schedules, and launching kernels other than GEMMs (the activation kernels) is not wired: no Apple
+GPU to check it on; those kernels are checked on the CPU harness."""
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
 
 from ...compiler import CompiledGemm, compile_gemm
+from ...errors import ScheduleError
 from ...formats import Format
 from ...formats.text import format_to_text
 from ...ir.core import Kernel
-from ...schedule import Gemm, default_schedule
+from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .cpu_harness import CompiledMetal, compile_metal, find_compiler
 from .description import METAL
 from .launch import MetalGemm, build_metal_kernel
-from .printer import print_metal
+from .printer import DIMS_NAME, print_metal
 from .ship import metal_text, write_metal_kernel
 
 
@@ -42,10 +50,46 @@ def metal_launcher(fmt: Format, activation: str) -> ModuleType:
     if not launcher.exists():
         compiled = compile_gemm(Gemm(name, fmt, default_schedule(fmt), activation), METAL)
         write_metal_kernel(compiled, None, folder)
-    spec = importlib.util.spec_from_file_location(f"marlin_dsl_metal_{name}", launcher)
+    return _load_module(f"marlin_dsl_metal_{name}", launcher)
+
+
+def _load_module(name: str, path: Path) -> ModuleType:
+    """A generated launcher module, imported from its file."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
+
+
+class ShippedKernel:
+    """A compiled kernel launched through its generated launcher module (written to a temporary
+    folder) as the benchmark runner times it (`TimedKernel`): the weights in the format's own
+    layout, one call of the launcher per launch. Untested here: no Apple GPU on the machines
+    this was written on."""
+
+    weights_key = "metal"  # Metal kernels read the format's own layout
+
+    def __init__(self, compiled: CompiledGemm) -> None:
+        folder = Path(tempfile.mkdtemp(prefix="marlin_bench_"))
+        files = write_metal_kernel(compiled, None, folder)
+        self.module = _load_module(f"marlin_bench_{compiled.gemm.name}", files["launcher"])
+
+    def weight_copies(self, packed: Any, count: int) -> list[list]:
+        """`count` device copies of the packed arrays the launcher takes, evaluated."""
+        import mlx.core as mx
+
+        names = [nm for nm in self.module.INPUT_NAMES if nm not in ("x", DIMS_NAME)]
+        copies = [[mx.array(np.ascontiguousarray(packed.arrays[nm])) for nm in names] for _ in range(count)]
+        mx.eval(*[a for c in copies for a in c])
+        return copies
+
+    def launch_timed(self, copies: list[list], x: Any, m: int, n: int, k: int,
+                     slots: int) -> Callable[[int], Any]:
+        """The launcher's call is the launch (it prepares nothing that could be hoisted)."""
+        return self.timed_call(copies, x)
+
+    def timed_call(self, copies: list[list], x: Any) -> Callable[[int], Any]:
+        return lambda i: self.module.launch(x, *copies[i % len(copies)])
 
 
 class CpuHarnessCheck:
@@ -70,6 +114,15 @@ class MetalRuntime:
 
     target: Target = METAL
     native_check = CpuHarnessCheck()
+    kernel_launcher = None  # not wired: the activation kernels are checked on the CPU harness
+
+    def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
+        raise ScheduleError("metal: no tuned schedules (the weight-stream pipeline is tuned for CUDA); "
+                            "give a Schedule with its pipeline and tiles")
+
+    def timed_kernel(self, compiled: CompiledGemm) -> ShippedKernel:
+        """The kernel through its generated launcher, as users call it."""
+        return ShippedKernel(compiled)
 
     def ship(self, compiled: CompiledGemm, spec_path: Path | None, out_dir: Path | None) -> Shipped:
         """The .metal text MLX receives; with `out_dir`, the kernel's four files written under
