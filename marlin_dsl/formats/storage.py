@@ -22,21 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-
-def f64_to_f32_odd(x: np.ndarray) -> np.ndarray:
-    """float64 -> float32 rounded to odd (truncate, then set the last bit if inexact): a later
-    rounding of the result to a type of at most 22 significant bits is then correctly rounded."""
-    x = np.asarray(x, dtype=np.float64)
-    r = x.astype(np.float32)
-    r64 = r.astype(np.float64)
-    inexact = (r64 != x) & ~np.isnan(x)
-    if not inexact.any():
-        return r
-    bits = r.view(np.uint32).copy()
-    over = inexact & (np.abs(r64) > np.abs(x))  # rounded away from zero: step back
-    bits -= over.astype(np.uint32)
-    bits |= inexact.astype(np.uint32)
-    return bits.view(np.float32)
+from ..ir.numerics import f64_to_f32_odd
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:

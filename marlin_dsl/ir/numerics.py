@@ -37,9 +37,10 @@ def round_to_activation(x: np.ndarray, activation: str) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32)
 
 
-def _f64_to_f32_odd(x: np.ndarray) -> np.ndarray:
+def f64_to_f32_odd(x: np.ndarray) -> np.ndarray:
     """float64 -> float32 rounded to odd (truncate, then set the last bit if inexact): a later
     rounding of the result to a type of at most 22 bits is then correctly rounded."""
+    x = np.asarray(x, dtype=np.float64)
     r = x.astype(np.float32)
     r64 = r.astype(np.float64)
     inexact = (r64 != x) & ~np.isnan(x)
@@ -72,7 +73,7 @@ def _round_f64(x: np.ndarray, t: ScalarType) -> np.ndarray:
     if t == F16:
         return x.astype(np.float16)
     if t == BF16:
-        return round_bf16(_f64_to_f32_odd(x))
+        return round_bf16(f64_to_f32_odd(x))
     raise TypeError(t)
 
 

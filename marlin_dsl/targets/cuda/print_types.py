@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ...errors import CompileError
+from ...ir.numerics import f64_to_f32_odd, round_bf16
 from ...ir.core import ConstTable
 from ...ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
 from .description import CUDA
@@ -74,8 +75,7 @@ def f32_bits(value: float) -> str:
 def _half_bits(value: float, t: ScalarType) -> int:
     if t == F16:
         return int(np.array([value], np.float16).view(np.uint16)[0])
-    from ...ir.numerics import _f64_to_f32_odd, round_bf16
-    f = round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))
+    f = round_bf16(f64_to_f32_odd(np.array([value], dtype=np.float64)))
     return int(f.view(np.uint32)[0]) >> 16
 
 

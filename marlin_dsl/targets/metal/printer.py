@@ -48,6 +48,7 @@ import re
 import numpy as np
 
 from ...errors import CompileError
+from ...ir.numerics import f64_to_f32_odd, round_bf16
 from ...ir.core import Kernel, Op, Value
 from ...ir.verify import verify_legal
 from ...ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
@@ -91,8 +92,7 @@ def _round_float(value: float, t: ScalarType) -> float:
     if t == F16:
         return float(np.float16(value))
     if t == BF16:
-        from ...ir.numerics import _f64_to_f32_odd, round_bf16
-        return float(round_bf16(_f64_to_f32_odd(np.array([value], dtype=np.float64)))[0])
+        return float(round_bf16(f64_to_f32_odd(np.array([value], dtype=np.float64)))[0])
     raise TypeError(t)
 
 
