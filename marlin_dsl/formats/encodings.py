@@ -145,6 +145,14 @@ class FloatEncoding(Encoding):
         if self.specials == "ieee" and self.exp_bits < 2:
             raise FormatError("FloatEncoding: specials='ieee' reserves the all-ones exponent; it "
                               "needs exp_bits >= 2", self.location)
+        table = self._table
+        if not (np.isfinite(table) & (table != 0)).any():
+            # e.g. exp_bits=1, man_bits=0, specials="fn": the one non-zero exponent is NaN.
+            # No scale maps a weight onto zeros; refused here, not deep in quantisation.
+            codes = ", ".join(f"{c:#x}: {v}" for c, v in enumerate(table))
+            raise FormatError(f"FloatEncoding: {self.describe()} has no finite non-zero value "
+                              f"(codes {codes}), so there is no value to scale a weight to",
+                              self.location)
 
     @property
     def kind(self) -> str:

@@ -101,7 +101,7 @@ _ITEMS: dict[str, dict[str | None, _Kind]] = {
     },
     "packing": {"bitstream": (Packing, (("word_bits", "word_bits", _int),))},
     "scale": {"group": (GroupScale, (("size", "group_size", _group_size),
-                                     ("dtype", "dtype", _ident))),
+                                     ("dtype", "dtype", _ident), ("zero", "zero", _ident))),
               **_scheme_kinds()},
     "zero_point": {None: (ZeroPoint, (("dtype", "dtype", _ident),))},
     "bias": {None: (GroupBias, (("dtype", "dtype", _ident),))},
@@ -117,7 +117,7 @@ _ITEMS: dict[str, dict[str | None, _Kind]] = {
 
 #: Attributes written only when they differ from their default, so that adding them left the
 #: text (and everything keyed by it: kernel names, caches, saved models) of older formats as is.
-_OMITTED_AT_DEFAULT = {("element", "specials"): "none"}
+_OMITTED_AT_DEFAULT = {("element", "specials"): "none", ("scale", "zero"): "refused"}
 
 
 def _item_to_text(keyword: str, part: object, fmt: Format) -> str:

@@ -6,7 +6,7 @@ import numpy as np
 from ..errors import ShapeError, ValueRangeError
 from .bitstream import unpack_bits
 from .sparsity import BlockPatternSparsity, NMSparsity
-from .scaling import GroupAffine
+from .scaling import GroupAffine, ParamArray
 from .storage import StorageType
 from .reference import dequantized_nonzero
 from .tensors import PackedWeights, QuantizedWeights, check_array, first_index
@@ -17,7 +17,8 @@ def validate(packed: PackedWeights) -> None:
 
     Checks: the exact set of arrays, each one's shape and dtype, finite scale parameters
     (decoded from their storage type: E8M0 code 255 and E4M3's NaN codes fail), positive
-    ones where the scale scheme says so (scales of formats without a bias), N:M metadata fields (strictly increasing positions below m: for 2:4 the six
+    ones where the scale scheme says so (scales of formats without a bias; >= 0 where the
+    format declares a zero scale an all-zero group, `GroupScale.zero`), N:M metadata fields (strictly increasing positions below m: for 2:4 the six
     nibbles 4, 8, 9, 12, 13, 14), and block patterns that cover every non-zero value.
     """
     fmt = packed.format
@@ -38,10 +39,11 @@ def validate(packed: PackedWeights) -> None:
         if not np.isfinite(values).all():
             bad = first_index(~np.isfinite(values))
             raise ValueRangeError(f"{name}{_at(bad)} is not finite: {describe_stored(storage, packed.arrays[name][bad])}")
-        if spec.positive and not (values > 0).all():
-            bad = first_index(~(values > 0))
-            raise ValueRangeError(f"{name}{_at(bad)} = {describe_stored(storage, packed.arrays[name][bad])} is not "
-                                  f"positive ({_why_positive(fmt, name)})")
+        ok = spec.sign_ok(values)
+        if ok is not None and not ok.all():
+            bad = first_index(~ok)
+            raise ValueRangeError(f"{name}{_at(bad)} = {describe_stored(storage, packed.arrays[name][bad])} is "
+                                  f"{_why_sign(fmt, spec.sign)}")
     _check_reserved_codes(packed)
     sp = fmt.sparsity
     if isinstance(sp, NMSparsity):
@@ -84,18 +86,24 @@ def _at(index: tuple) -> str:
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
 
 
-def _why_positive(fmt, name: str) -> str:
+def _why_sign(fmt, sign: str) -> str:
+    """Why a value of the wrong sign is refused, after "is"."""
+    if sign == "non_negative":  # GroupScale(zero="allowed"): only negative values fail
+        return (f"negative (format {fmt.name!r}: a negative scale flips its group; "
+                f"a zero one is an all-zero group)")
     if isinstance(fmt.scaling, GroupAffine):
-        return f"format {fmt.name!r} has no bias: a zero or negative scale zeroes or flips its group"
-    return f"format {fmt.name!r}: a zero or negative value zeroes or flips what it scales"
+        return (f"not positive (format {fmt.name!r} has no bias: a zero or negative scale "
+                f"zeroes or flips its group)")
+    return f"not positive (format {fmt.name!r}: a zero or negative value zeroes or flips what it scales)"
 
 
-def positive_arrays(fmt) -> list[str]:
-    """The parameter arrays whose values must be > 0 (`ParamArray.positive`): a GroupScale's
-    scales where the format has no bias (its quantiser never stores another; a zero scale
-    would silently zero a group; with a bias, MLX's affine mode, w = s * q + b is meaningful
-    for any s, as MLX may store it), both arrays of a TwoLevelScale."""
-    return [a.name for a in fmt.scaling.arrays() if a.positive]
+def sign_checked_arrays(fmt) -> list[ParamArray]:
+    """The parameter arrays whose sign is checked (`ParamArray.sign`): a GroupScale's scales
+    where the format has no bias, > 0 (its quantiser never stores another; a zero scale would
+    silently zero a group) or >= 0 where `GroupScale.zero` declares 0 an all-zero group (MLX's
+    nvfp4); with a bias, MLX's affine mode, w = s * q + b is meaningful for any s, as MLX may
+    store it. Both arrays of a TwoLevelScale, > 0."""
+    return [a for a in fmt.scaling.arrays() if a.sign != "any"]
 
 
 def describe_stored(storage: StorageType, stored: object) -> str:

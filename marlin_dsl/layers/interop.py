@@ -12,6 +12,10 @@ on marlin-dsl kernels without being quantised again.
 MLX packs codes LSB first along the input dimension into uint32 words, [N, K * bits / 32]:
 our bit stream along K, transposed (3-, 5- and 6-bit codes straddle words the same way). The
 parameters are [N, K / G]. Loading is a transpose on the device.
+
+The scales of mxfp4, nvfp4 and mxfp8 are declared `GroupScale(..., zero="allowed")`: a stored
+scale of 0 is MLX's all-zero group, which nvfp4 stores where a group's E4M3 scale underflows
+(negative scales are still refused).
 """
 from __future__ import annotations
 
@@ -51,7 +55,10 @@ def mlx_format(mode: str, bits: int, group_size: int, dtype: mx.Dtype | None = N
         raise ShapeError(f"{mode}: expected bits={expected[mode][0]} and group_size="
                          f"{expected[mode][1]}, got bits={bits}, group_size={group_size}")
     element, scale = {"mxfp4": (E2M1, "e8m0"), "nvfp4": (E2M1, "e4m3"), "mxfp8": (E4M3, "e8m0")}[mode]
-    return Format(f"mlx_{mode}", element, GroupScale(group_size, scale),
+    # MLX dequantises a group whose stored scale is 0 to zeros (nvfp4 stores E4M3 0 where a
+    # group's scale underflows); declared, so that such loaded scales are accepted. E8M0 has
+    # no zero, so for mxfp4/mxfp8 this admits nothing more.
+    return Format(f"mlx_{mode}", element, GroupScale(group_size, scale, zero="allowed"),
                   doc=f"MLX {mode}: {element.describe()} codes, {scale} scales")
 
 

@@ -2,7 +2,8 @@
 on the device, once, with the messages of the numpy `marlin_dsl.validate`.
 
 The checks are those of `validate`: names, shapes and dtypes; finite scale parameters
-(decoded from their storage type); positive ones where the scale scheme says so;
+(decoded from their storage type); positive (or non-negative) ones where the scale scheme
+says so;
 valid N:M metadata fields; block patterns that cover every non-zero weight. They run as MLX ops and end in one host sync (a handful of
 booleans). Only when one fails are the arrays copied to the host and handed to the numpy
 `validate`, so that the error names the same array, index and value as for numpy arrays.
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..errors import ValueRangeError
 from ..formats import BlockPatternSparsity, Format, NMSparsity, PackedWeights, validate
-from ..formats.validate import positive_arrays
+from ..formats.validate import sign_checked_arrays
 from .mlx_ops import check_mx_arrays, packed_to_numpy, parameter_mx, unpack_bits_mx
 
 
@@ -28,8 +29,8 @@ def validate_mx(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.arr
     checks = [mx.all(mx.isfinite(parameter_mx(storage, arrays[name]).astype(mx.float32)))
               for name, storage in fmt.parameters().items()]
     storage = fmt.parameters()
-    for name in positive_arrays(fmt):
-        checks.append(mx.all(parameter_mx(storage[name], arrays[name]).astype(mx.float32) > 0))
+    for spec in sign_checked_arrays(fmt):
+        checks.append(mx.all(spec.sign_ok(parameter_mx(storage[spec.name], arrays[spec.name]).astype(mx.float32))))
     reserved = fmt.element.reserved_codes
     if reserved.size:  # codes that are NaN / infinite in the encoding (FloatEncoding.specials)
         finite = np.isfinite(fmt.element.table())

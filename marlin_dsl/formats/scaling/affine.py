@@ -41,15 +41,17 @@ class GroupAffine(Scaling):
 
     def arrays(self) -> tuple[ParamArray, ...]:
         # A bias makes any scale meaningful (MLX may store zero or negative ones); without
-        # one a zero scale would silently zero its group.
-        out = [ParamArray("scales", self.scale.storage, "per-group scales", "s",
-                          positive=self.bias is None)]
+        # one a zero scale would silently zero its group, unless the format declares 0 as
+        # an all-zero group (GroupScale.zero, MLX's nvfp4).
+        sign = "any" if self.bias is not None else (
+            "non_negative" if self.scale.zero == "allowed" else "positive")
+        out = [ParamArray("scales", self.scale.storage, "per-group scales", "s", sign=sign)]
         if self.zero_point is not None:
             out.append(ParamArray("zeros", self.zero_point.storage, "per-group zero points", "z",
-                                  positive=False))
+                                  sign="any"))
         if self.bias is not None:
             out.append(ParamArray("biases", self.bias.storage, "per-group biases", "bi",
-                                  positive=False))
+                                  sign="any"))
         return tuple(out)
 
     def check(self, fmt: Format) -> None:
@@ -76,6 +78,8 @@ class GroupAffine(Scaling):
         parts = []
         if self.scale.dtype != "f16":
             parts.append(f"{self.scale.dtype} scales")
+        if self.scale.zero == "allowed":
+            parts.append("scale 0 = zero group")
         if self.zero_point is not None:
             parts.append(f"zero points {self.zero_point.dtype}")
         if self.bias is not None:

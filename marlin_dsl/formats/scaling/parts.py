@@ -28,6 +28,8 @@ PER_COLUMN = "K"
 SCALE_DTYPES = ("f16", "bf16", "f32", "e8m0", "e4m3")
 ZERO_POINT_DTYPES = ("u8", "f16")
 BIAS_DTYPES = ("f16", "bf16", "f32")
+#: What a loaded scale of exactly 0 means (`GroupScale.zero`): refused, or an all-zero group.
+SCALE_ZERO = ("refused", "allowed")
 
 
 class Grouping:
@@ -68,10 +70,18 @@ class GroupScale(Grouping):
     The group of dense position k is k // G, also for sparse formats (seed 000 section 7).
     `dtype` is the scales' number type: f16 (default), bf16, f32, or the 8-bit codes e8m0
     (powers of two, OCP mx formats) and e4m3 (nvfp4).
+
+    `zero` says what a *loaded* scale of exactly 0 means where the format has no bias
+    (with one, any scale is accepted). "refused" (default): an error, since our quantiser
+    never stores 0 and a zero scale would silently zero its group. "allowed": the
+    producer's own encoding of an all-zero group (MLX's nvfp4 stores E4M3 0 for a group
+    whose scale underflows and dequantises it to zeros); formats imported from MLX declare
+    it. Negative scales are refused either way.
     """
 
     group_size: int | Literal["K"] = 128
     dtype: str = "f16"
+    zero: Literal["refused", "allowed"] = "refused"
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -79,6 +89,9 @@ class GroupScale(Grouping):
             object.__setattr__(self, "location", caller_location())
         check_group_size("GroupScale", self.group_size, self.location)
         check_dtype("GroupScale", self.dtype, SCALE_DTYPES, self.location)
+        if self.zero not in SCALE_ZERO:
+            raise FormatError(f"GroupScale: zero must be one of {list(SCALE_ZERO)}, got {self.zero!r}",
+                              self.location)
 
     @property
     def storage(self) -> StorageType:

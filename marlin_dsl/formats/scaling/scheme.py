@@ -26,7 +26,7 @@ module in this package and an entry in `SCALE_SCHEMES` (`__init__.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -49,10 +49,19 @@ class ParamArray:
     role: str
     hint: str  # SSA name hint of its in-kernel load
     per_group: bool = True  # [K/G, N]; False: one value per output column, [1, N]
-    positive: bool = True  # validation: every value must be > 0
+    #: validation of loaded values: "positive" (> 0), "non_negative" (>= 0: a 0 is the
+    #: declared encoding of an all-zero group, `GroupScale.zero`) or "any"
+    sign: Literal["positive", "non_negative", "any"] = "positive"
 
     def rows(self, scaling: Grouping, k: int) -> int:
         return scaling.groups(k) if self.per_group else 1
+
+    def sign_ok(self, values: Any) -> Any:
+        """Elementwise: the decoded `values` (numpy or MLX) have the sign `sign` admits; None
+        for "any" (nothing to check). The one definition both validators use."""
+        if self.sign == "any":
+            return None
+        return values > 0 if self.sign == "positive" else values >= 0
 
 
 class Affine(NamedTuple):
