@@ -32,6 +32,20 @@ BIAS_DTYPES = ("f16", "bf16", "f32")
 SCALE_ZERO = ("refused", "allowed")
 
 
+class Stored:
+    """A parameter kept in one of the storage types (`dtype`, a key of STORAGE_TYPES)."""
+
+    dtype: str
+
+    @property
+    def storage(self) -> StorageType:
+        return STORAGE_TYPES[self.dtype]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return self.storage.numpy_dtype
+
+
 class Grouping:
     """K positions grouped `group_size` at a time (or all of K): the one place that says which
     group a K position belongs to, shared by the scale parts and every scheme."""
@@ -64,7 +78,7 @@ def check_dtype(owner: str, dtype: object, allowed: tuple[str, ...],
 
 
 @dataclass(frozen=True)
-class GroupScale(Grouping):
+class GroupScale(Grouping, Stored):
     """One scale per `group_size` consecutive K positions and per column: shape [K/G, N].
 
     The group of dense position k is k // G, also for sparse formats (seed 000 section 7).
@@ -93,17 +107,9 @@ class GroupScale(Grouping):
             raise FormatError(f"GroupScale: zero must be one of {list(SCALE_ZERO)}, got {self.zero!r}",
                               self.location)
 
-    @property
-    def storage(self) -> StorageType:
-        return STORAGE_TYPES[self.dtype]
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return self.storage.numpy_dtype
-
 
 @dataclass(frozen=True)
-class ZeroPoint:
+class ZeroPoint(Stored):
     """A per-group zero point z, same grid as the scales: value = (table[code] - z) * scale.
 
     `dtype="u8"` stores integer zero points (exact, GPTQ style); `"f16"` stores them as
@@ -118,17 +124,9 @@ class ZeroPoint:
             object.__setattr__(self, "location", caller_location())
         check_dtype("ZeroPoint", self.dtype, ZERO_POINT_DTYPES, self.location)
 
-    @property
-    def storage(self) -> StorageType:
-        return STORAGE_TYPES[self.dtype]
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return self.storage.numpy_dtype
-
 
 @dataclass(frozen=True)
-class GroupBias:
+class GroupBias(Stored):
     """A per-group additive bias b, same grid as the scales: value = table[code] * scale + b.
 
     This is MLX's affine quantisation (`w = s * q + b`, `mx.quantize(mode="affine")`): with
@@ -143,11 +141,3 @@ class GroupBias:
         if self.location is None:
             object.__setattr__(self, "location", caller_location())
         check_dtype("GroupBias", self.dtype, BIAS_DTYPES, self.location)
-
-    @property
-    def storage(self) -> StorageType:
-        return STORAGE_TYPES[self.dtype]
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return self.storage.numpy_dtype
