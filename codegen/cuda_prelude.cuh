@@ -89,18 +89,31 @@ __device__ __forceinline__ uint32_t bits16(__nv_bfloat16 v) {
   return __bfloat16_as_ushort(v);
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(T lo, T hi) {
-  return bits16(lo) | (bits16(hi) << 16);
-}
-
-// A half2 / bfloat162 and the 32-bit word holding it (element 0 in the low half).
+// A half2 / bfloat162 and the 32-bit word holding it (element 0 in the low half). A bit cast,
+// as cuda_fp16.hpp's own __HALF2_TO_UI: building the word with shifts and ORs made ptxas emit
+// one PRMT per pair (46 of 198 instructions in a 4-bit M = 1 weight-stream loop, bench/sass_count.py).
 __device__ __forceinline__ uint32_t pair_bits(__half2 v) {
-  return pack2(v.x, v.y);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 __device__ __forceinline__ uint32_t pair_bits(__nv_bfloat162 v) {
-  return pack2(v.x, v.y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack2(__half lo, __half hi) {
+  return pair_bits(__halves2half2(lo, hi));
+}
+
+__device__ __forceinline__ uint32_t pack2(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return pair_bits(__halves2bfloat162(lo, hi));
+}
+
+// Word I of a vector of 16-bit elements (elements 2I and 2I + 1, the lower in the low half):
+// what frag_build reads when a fragment register holds two adjacent elements of one vload.
+template <int I, typename T, int N>
+__device__ __forceinline__ uint32_t vec_word(const vec<T, N>& v) {
+  static_assert(sizeof(T) == 2 && 2 * I + 1 < N, "vec_word: a word of a vector of 16-bit elements");
+  return reinterpret_cast<const uint32_t*>(v.v)[I];
 }
 
 template <typename P>
@@ -118,13 +131,12 @@ __device__ __forceinline__ __nv_bfloat162 zero_vec<__nv_bfloat162>() {
 
 template <>
 __device__ __forceinline__ __half2 bits_to_pair<__half2>(uint32_t w) {
-  return __halves2half2(__ushort_as_half((unsigned short)(w & 0xFFFFu)), __ushort_as_half((unsigned short)(w >> 16)));
+  return *reinterpret_cast<const __half2*>(&w);
 }
 
 template <>
 __device__ __forceinline__ __nv_bfloat162 bits_to_pair<__nv_bfloat162>(uint32_t w) {
-  return __halves2bfloat162(__ushort_as_bfloat16((unsigned short)(w & 0xFFFFu)),
-                            __ushort_as_bfloat16((unsigned short)(w >> 16)));
+  return *reinterpret_cast<const __nv_bfloat162*>(&w);
 }
 
 template <typename T>

@@ -179,8 +179,8 @@ def _frag_build(op: Op, kernel: Kernel) -> str | None:
     from ..targets.base import TARGETS
 
     t = op.result.type
-    if not isinstance(t, FragmentType) or t.role not in ("a", "b"):
-        return "frag_build gives an a or b fragment"
+    if not isinstance(t, FragmentType):
+        return "frag_build gives a fragment"
     target = TARGETS.get(str(kernel.attrs.get("target")))
     layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
     if layout is None:

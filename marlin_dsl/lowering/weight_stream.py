@@ -35,6 +35,9 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
     def __init__(self, ctx: GemmContext) -> None:
         super().__init__(ctx)
         self.init_stream()
+        # Scales on the sums: per step 4 FMAs per accumulator tile instead of a multiply per
+        # weight pair (16 per lane-step); with more than two M tiles per warp the FMAs cost more.
+        self.scale_sums = self.sums_scalable() and self.msub <= 2
 
     def lower(self) -> Kernel:
         s, p = self.s, self.pipeline

@@ -138,3 +138,12 @@ class GroupAffine(Scaling):
         zero = next(rest) if self.zero_point is not None else None
         bias = next(rest) if self.bias is not None else None
         return apply_affine(b, t, params[0], zero, bias, lanes)
+
+    def scale_factors_out(self) -> bool:
+        return self.bias is None  # s * q + b: the bias term would need the group's sum of x
+
+    def emit_zero(self, params: Sequence[Value]) -> Value | None:
+        return params[1] if self.zero_point is not None else None
+
+    def emit_scale(self, b: Builder, params: Sequence[Value]) -> Value:
+        return params[0]

@@ -157,6 +157,22 @@ class Scaling(Grouping):
         group when lanes > 1), in the compute type."""
         raise NotImplementedError
 
+    def scale_factors_out(self) -> bool:
+        """True when a weight is (t - zero) * scale with one scale per (group, column) and
+        nothing added after: then sum_k x_k w_k over a group is scale * sum_k x_k (t_k - zero),
+        and a kernel may multiply the MMA's partial sums of a group by the scale once instead
+        of every weight (`emit_unscaled`, `emit_scale`)."""
+        return False
+
+    def emit_zero(self, params: Sequence[Value]) -> Value | None:
+        """The zero point subtracted before `emit_scale`'s factor (None: there is none), when
+        `scale_factors_out`."""
+        raise NotImplementedError(f"{type(self).__name__}: the scale does not factor out")
+
+    def emit_scale(self, b: Builder, params: Sequence[Value]) -> Value:
+        """The group's scale (in the loaded compute type) when `scale_factors_out`."""
+        raise NotImplementedError(f"{type(self).__name__}: the scale does not factor out")
+
 
 # ----- helpers for schemes' kernels ------------------------------------------------------------
 

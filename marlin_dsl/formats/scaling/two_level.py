@@ -106,3 +106,12 @@ class TwoLevelScale(Scaling):
 
     def emit_apply(self, b: Builder, t: Value, params: Sequence[Value], lanes: int = 1) -> Value:
         return apply_affine(b, t, params[0], lanes=lanes)
+
+    def scale_factors_out(self) -> bool:
+        return True  # channel * sub is one factor per (group, column)
+
+    def emit_zero(self, params: Sequence[Value]) -> Value | None:
+        return None
+
+    def emit_scale(self, b: Builder, params: Sequence[Value]) -> Value:
+        return params[0]

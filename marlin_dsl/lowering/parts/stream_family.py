@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import CompileError
 from ...formats import NMSparsity
-from ...ir import U32, ConstTable, FragmentType, Value
+from ...ir import F32, U32, ConstTable, FragmentType, Value, VectorType
 from ..decode import encoding_tables
 from ..group_params import GroupValues
 from ..pair_decode import PairDecoder
@@ -57,6 +57,11 @@ class StreamFamily(GemmParts):
         if self.x_perm:
             granule = self.fmt.k_granule & -self.fmt.k_granule  # largest power of two dividing it
             self.x_vec = min(8, granule, self.layout.x_run)
+        c_rows, _ = target.lane_elements("c", mm, mn)  # type: ignore[misc]
+        self.c_row_base, self.c_row_off = lane_base_and_offsets(c_rows, "C row")
+        #: multiply each group's MMA sums by its scale instead of every weight (`sums_scalable`);
+        #: a pipeline's lowering turns it on where that saves instructions
+        self.scale_sums = False
         self.b_k_base, self.b_k_off = lane_base_and_offsets(b_k, "B k")
         self.b_n_base, self.b_n_off = lane_base_and_offsets(b_n, "B n")
         pairs_ok = all(self.b_k_off[2 * i + 1] == self.b_k_off[2 * i] + 1 and
@@ -65,6 +70,16 @@ class StreamFamily(GemmParts):
             raise CompileError("weight_stream: the target's fragments do not hold elements in "
                                "(row, adjacent K) pairs")
 
+
+    def sums_scalable(self) -> bool:
+        """The scale can move from the weights to the MMA's sums: the format's scale factors
+        out (`Scaling.scale_factors_out`), its codes decode exactly as f16 pairs, a K step lies
+        in one group (so one step's MMAs sum one group), and each accumulator element's N row
+        is one of the lane's A rows (whose scales the lane loads)."""
+        g = self.fmt.scale.group_size
+        return (self.pairs.vector and self.fmt.scaling.scale_factors_out()
+                and (g == "K" or int(g) % self.layout.dense_chunk == 0)
+                and self.c_row_base == self.a_row_base and set(self.c_row_off) <= set(self.a_row_off))
 
     def stream_setup(self, indices: Sequence[str], second: str, warp_tile_hint: str, clamp: bool) -> tuple[Value, Value]:
         """Thread indices, lane tables, the warp's N tiles, K vectors and which tiles exist.
@@ -157,7 +172,7 @@ class StreamFamily(GemmParts):
         """One K step's MMAs: per K tile of the layout, the B fragments (`b_frags_for(tile)`),
         then per N tile j its A fragment (decoded with `params_for(j, tile)`) times each B."""
         b, lay = self.b, self.layout
-        new = list(accs)
+        new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs] if self.scale_sums else list(accs)
         for s_ in range(lay.tiles):
             b_frags = b_frags_for(s_)
             for j in range(self.nsub):
@@ -172,7 +187,39 @@ class StreamFamily(GemmParts):
                                          {"selector": s_ % 2}, hint="acc")
                     else:
                         new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
-        return new
+        if not self.scale_sums:
+            return new
+        out = []
+        for j in range(self.nsub):  # one group per step: the scales of tile 0's rows
+            scales = self.sum_scales(params_for(j, 0))
+            out += [self.add_scaled(accs[j * self.msub + mt], new[j * self.msub + mt], scales)
+                    for mt in range(self.msub)]
+        return out
+
+    def sum_scales(self, params: dict[int, GroupValues]) -> dict[int, Value]:
+        """Per A row offset: the f32 factor of its group's sums (scale times the decode's
+        rebias, `PairDecoder.rebias`)."""
+        b, scaling = self.b, self.fmt.scaling
+        out = {}
+        for off, values in params.items():
+            scale = scaling.emit_scale(b, values)
+            if scale.type != F32:
+                scale = b.cast(scale, F32, hint="ss")
+            rebias = self.pairs.rebias
+            out[off] = scale if rebias == 1.0 else b.binary("mul", scale, b.const(rebias, F32), hint="ss")
+        return out
+
+    def add_scaled(self, acc: Value, sums: Value, scales: dict[int, Value]) -> Value:
+        """acc + scale[row] * sums, element by element (each C element's row from the lane table)."""
+        b = self.b
+        vec = VectorType(F32, len(self.c_row_off))
+        acc_e = b.value("frag_elems", [acc], vec, hint="ae")
+        sum_e = b.value("frag_elems", [sums], vec, hint="se")
+        elems = [b.value("fma", [b.value("extract", [sum_e], F32, {"index": e}, hint="s"),
+                                 scales[off], b.value("extract", [acc_e], F32, {"index": e}, hint="a")],
+                         F32, hint="a")
+                 for e, off in enumerate(self.c_row_off)]
+        return b.value("frag_build", elems, self.frag_c, hint="acc")
 
     def a_fragment(self, words: Value, tile: int, params: dict[int, GroupValues]) -> Value:
         """K tile `tile`'s A fragment, decoded pair by pair from a lane's vector of words with
@@ -180,10 +227,11 @@ class StreamFamily(GemmParts):
         b, lay = self.b, self.layout
         pairs_per_tile = lay.per_lane // 2
         parts = []
+        decode = self.pairs.unscaled if self.scale_sums else self.pairs.dequant
         for p_ in range(pairs_per_tile):
             word, shift = lay.pair_slot(tile * pairs_per_tile + p_)
             w = b.value("extract", [words], U32, {"index": word}, hint="w")
-            parts.append(self.pairs.dequant(w, shift, params[self.a_row_off[2 * p_]]))
+            parts.append(decode(w, shift, params[self.a_row_off[2 * p_]]))
         return b.value("frag_build", parts, self.frag_a, hint="fa")
 
 

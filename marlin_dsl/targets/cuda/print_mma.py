@@ -26,6 +26,7 @@ class MmaEmitters:
     declare: Callable[..., None]
     define: Callable[[Value], str]
     emit: Callable[[int, str], None]
+    ref: Callable[[Value], str]
 
     def op_frag_build(self, op: Op, depth: int) -> None:
         self.frag_build(op, self.refs(op), depth)
@@ -34,14 +35,24 @@ class MmaEmitters:
         """Registers of 32 bits from the lane's elements, two 16-bit elements each (low first)."""
         t = op.result.type
         assert isinstance(t, FragmentType)
+        if t.role == "c":  # 32-bit accumulator elements, one per register
+            name = self.define(op.result)
+            self.emit(depth, f"{cuda_type(t)} {name};")
+            for r, ref in enumerate(ops):
+                self.emit(depth, f"{name}.x[{r}] = {ref};")
+            return
         elems: list[tuple[str, str]] = []  # (expression, "pair" | "scalar")
+        words: list[str | None] = []  # per element: the word of a 16-bit vector it starts, if any
         for v, ref in zip(op.operands, ops):
             if is_pair(v.type):
                 elems += [(ref, "pair"), ("", "pair-high")]
+                words += [None, None]
             elif isinstance(v.type, VectorType):
                 elems += [(f"{ref}.v[{i}]", "scalar") for i in range(v.type.size)]
+                words += [None] * v.type.size
             else:
                 elems.append((ref, "scalar"))
+                words.append(self.vector_word(v))
         name = self.define(op.result)
         self.emit(depth, f"{cuda_type(t)} {name};")
         for r in range(len(elems) // 2):
@@ -49,7 +60,38 @@ class MmaEmitters:
             word = f"mdsl::pair_bits({lo})" if lo_kind == "pair" else f"mdsl::pack2({lo}, {hi})"
             if lo_kind == "pair-high" or hi_kind == "pair":  # a pair split across two registers
                 raise CompileError(f"cuda: kernel {self.k.name}: frag_build pairs must start on a register")
+            if words[2 * r] is not None and self.next_element(op.operands, 2 * r):
+                word = words[2 * r]  # elements 2i, 2i+1 of one 16-bit vector: its i-th word as it is
             self.emit(depth, f"{name}.x[{r}] = {word};")
+
+    def next_element(self, operands: list[Value], i: int) -> bool:
+        """operands[i + 1] is the element after operands[i] in the same vector."""
+        lo, hi = self.extract_of(operands[i]), self.extract_of(operands[i + 1])
+        return lo is not None and hi is not None and hi[0] is lo[0] and hi[1] == lo[1] + 1
+
+    def extract_of(self, v: Value | None) -> tuple[Value, int] | None:
+        """(vector, index) when v is `extract` of a vector of 16-bit elements, else None."""
+        if v is None:
+            return None
+        if not hasattr(self, "_producers"):
+            self._producers = {r: o for o in self.k.walk() for r in o.results}
+        src = self._producers.get(v)
+        if src is None or src.name != "extract":
+            return None
+        vec = src.operands[0]
+        if not isinstance(vec.type, VectorType) or is_pair(vec.type) or vec.type.elem.bits != 16:
+            return None
+        return vec, int(src.attrs["index"])
+
+    def vector_word(self, v: Value) -> str | None:
+        """`mdsl::vec_word<i>(vec)` when v is element 2i of a 16-bit vector (the caller checks the
+        next element is 2i + 1): reading the word as it is, instead of repacking two halves,
+        saves ptxas two PRMTs per fragment register (bench/sass_count.py)."""
+        found = self.extract_of(v)
+        if found is None or found[1] % 2:
+            return None
+        vec, index = found
+        return f"mdsl::vec_word<{index // 2}>({self.ref(vec)})"
 
     def op_frag_zero(self, op: Op, depth: int) -> None:
         cuda_type(op.result.type)  # refuses a fragment type CUDA does not have

@@ -1,0 +1,99 @@
+"""Static SASS instruction counts of printed CUDA kernels (no GPU needed).
+
+Compiles each kernel with nvcc for sm_90 (`marlin_dsl.targets.cuda.nvcc`), disassembles the
+cubin with `cuobjdump -sass` (needs `nvdisasm` beside it or on PATH; the CUDA toolkit has both)
+and counts the instructions of the kernel's main loop: the longest backward branch's body, which
+for the weight-stream and multistage kernels is the K loop. Reported per loop iteration and per
+weight a lane decodes, by opcode: the "instructions per weight" the issue-15 notes quote.
+
+    python bench/sass_count.py --formats fp4,int4 --ms 1,16 [--k 4096 --n 14336] [--show]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def sass_of(cubin: str) -> str:
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        raise SystemExit("cuobjdump not found (CUDA toolkit bin, or put it and nvdisasm on PATH)")
+    return subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+
+
+def parse(sass: str) -> list[tuple[int, str, str]]:
+    """[(address, opcode, operands)] in program order."""
+    return [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _INSTR.finditer(sass)]
+
+
+def main_loop(instrs: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The body of the longest loop: from a backward branch's target to the branch."""
+    best: list[tuple[int, str, str]] = []
+    for i, (addr, op, args) in enumerate(instrs):
+        if op == "BRA":
+            m = re.search(r"0x([0-9a-f]+)", args)
+            if m and int(m.group(1), 16) < addr:
+                target = int(m.group(1), 16)
+                body = [x for x in instrs[: i + 1] if x[0] >= target]
+                if len(body) > len(best):
+                    best = body
+    return best
+
+
+def count(src, weights_per_iteration: int) -> dict:
+    from marlin_dsl.targets.cuda.nvcc import nvcc_check
+
+    res = nvcc_check([src], archs=["sm_90"])[0]
+    if not res.ok:
+        raise SystemExit(res.log)
+    loop = main_loop(parse(sass_of(res.output)))
+    ops = collections.Counter(op.split(".")[0] for _, op, _ in loop)
+    n = sum(ops.values())
+    return {"loop_instructions": n, "per_weight": n / weights_per_iteration, "ops": dict(ops.most_common())}
+
+
+def main() -> int:
+    from marlin_dsl import builtin_format
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.schedule import Gemm
+    from marlin_dsl.targets import CUDA, emit
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+    from marlin_dsl.layouts.weight_stream import stream_layout
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="fp4,int4,uint4_zp,nf4,fp4_2of4")
+    ap.add_argument("--ms", default="1,16")
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=14336)
+    ap.add_argument("--act", default="f16")
+    ap.add_argument("--show", action="store_true", help="print the loop's SASS of the first kernel")
+    args = ap.parse_args()
+    print(f"{'format':10} {'M':>4} {'schedule':22} {'loop instr':>10} {'per weight':>10}  top opcodes")
+    for name in args.formats.split(","):
+        fmt = builtin_format(name)
+        for m in (int(v) for v in args.ms.split(",")):
+            s = tuned_schedule(fmt, m, CUDA, args.k, args.n)
+            src = emit(compile_gemm(Gemm(f"sass_{name}_{m}", fmt, s, activation=args.act), CUDA).kernel, CUDA)
+            lay = stream_layout(fmt, CUDA)
+            # weights one lane decodes per loop iteration: one vector per N tile of the warp
+            per_lane = lay.chunk * 16 // 32 * (s.tile_n // s.warps_n // 16)
+            r = count(src, per_lane)
+            top = " ".join(f"{k}:{v}" for k, v in list(r["ops"].items())[:8])
+            print(f"{name:10} {m:4d} {s.name:22} {r['loop_instructions']:10d} {r['per_weight']:10.2f}  {top}")
+            if args.show:
+                args.show = False
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
