@@ -80,16 +80,11 @@ class Tile:
         else:
             raise ValueError(kind)
 
-    def offsets(self, r, k, what_if: str = "model"):
-        r, k = np.asarray(r), np.asarray(k)
+    def offsets(self, r, k):
+        """Where the probe writes element (r, k): the layout module's canonical layouts."""
         if self.swizzle == "none":
-            lbo, sbo = (self.sbo, self.lbo) if what_if == "LBO/SBO swapped" else (self.lbo, self.sbo)
-            return self.base + wl.offset_interleave(r, k, lbo, sbo)
-        off = wl.offset_swizzle128(r, k, self.sbo, k_atom_stride=self.rows * 128)
-        if what_if in ("no swizzle XOR", "64B swizzle"):
-            lin = wl.swizzle128(off)   # an involution: back to the linear offset
-            off = lin if what_if == "no swizzle XOR" else lin ^ (((lin >> 7) & 3) << 4)
-        return self.base + off
+            return self.base + wl.offset_interleave(r, k, self.lbo, self.sbo)
+        return self.base + wl.offset_swizzle128(r, k, self.sbo, k_atom_stride=self.rows * 128)
 
     def step_offset(self, s: int, kstep: int) -> int:
         """Start address of k-step s: element (0, s * kstep) (row 0 is never swizzled)."""
@@ -98,13 +93,31 @@ class Tile:
     def descriptor(self) -> int:
         return wl.encode_descriptor(0, self.lbo, self.sbo, self.swizzle)
 
-    def matrix_from(self, image, dtype, what_if="model"):
-        r, k = np.meshgrid(np.arange(self.rows), np.arange(self.kelems), indexing="ij")
-        off = self.offsets(r, k, what_if)
-        ok = (off >= 0) & (off + 1 < image.size)
-        off = np.where(ok, off, 0)
-        bits = (image[off].astype(np.uint16) | (image[off + 1].astype(np.uint16) << 8))
-        return np.where(ok, _half_values(bits, dtype), 0.0)
+    def read_addrs(self, s: int, kstep: int, what_if: str = "model"):
+        """Addresses the hardware reads for k-step s (rows x kstep), from the descriptor's
+        start address, LBO and SBO as the PTX ISA describes them, or as `what_if` says."""
+        r, k = np.meshgrid(np.arange(self.rows), np.arange(kstep), indexing="ij")
+        start = self.step_offset(s, kstep)
+        if self.swizzle == "none":
+            lbo, sbo = (self.sbo, self.lbo) if what_if == "LBO/SBO swapped" else (self.lbo, self.sbo)
+            return start + (r // 8) * sbo + (2 * k // 16) * lbo + (r % 8) * 16 + (2 * k) % 16
+        lin = start + (r // 8) * self.sbo + (r % 8) * 128 + 2 * k
+        if what_if == "no swizzle XOR":
+            return lin
+        if what_if == "64B swizzle":
+            return lin ^ (((lin >> 7) & 3) << 4)
+        return wl.swizzle128(lin)
+
+    def matrix_from(self, image, dtype, kstep, what_if="model"):
+        """The rows x kelems operand the hardware would see, k-step by k-step."""
+        blocks = []
+        for s in range(self.kelems // kstep):
+            off = self.read_addrs(s, kstep, what_if)
+            ok = (off >= 0) & (off + 1 < image.size)
+            off = np.where(ok, off, 0)
+            bits = image[off].astype(np.uint16) | (image[off + 1].astype(np.uint16) << 8)
+            blocks.append(np.where(ok, _half_values(bits, dtype), 0.0))
+        return np.concatenate(blocks, axis=1)
 
 
 def _half_values(bits, dtype):
@@ -187,8 +200,8 @@ class Case:
                 blk[rows, ks] = self.a_lane[s]
                 a_seen[:, 16 * s:16 * s + 16] = blk
         else:
-            a_seen = self.a_tile.matrix_from(self.image, self.dtype, what_if)
-        b_seen = self.b_tile.matrix_from(self.image, self.dtype, what_if).T
+            a_seen = self.a_tile.matrix_from(self.image, self.dtype, 16, what_if)
+        b_seen = self.b_tile.matrix_from(self.image, self.dtype, self.kstep, what_if).T
         if self.sparse:
             pos = np.concatenate([_alt_unpack(self.meta[s], self.sel, what_if) for s in range(STEPS)],
                                  axis=1)
