@@ -177,7 +177,8 @@ __device__ void bulk_load(uint32_t dst, const uint8_t* src, int nbytes, uint64_t
     for (int off = 0; off < nbytes; off += BULK_CHUNK) {
       const int size = nbytes - off < BULK_CHUNK ? nbytes - off : BULK_CHUNK;
       asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+          " [%0], [%1], %2, [%3];\n"
           ::"r"(dst + off), "l"(src + off), "r"(size), "r"(bar) : "memory");
     }
   }
@@ -240,7 +241,8 @@ probe_kernel(const Case* __restrict__ cases, const int* __restrict__ which, floa
   for (int i = 0; i < N / 2; ++i) out[(static_cast<size_t>(ci) * WG + tid) * MAX_ACC + i] = d[i];
   if (cs.readback) {
     __syncthreads();
-    for (int i = tid; i < nbytes; i += WG) readback[static_cast<size_t>(ci) * SMEM_IMAGE + i] = sm[i];
+    uint8_t* rb = readback + static_cast<size_t>(ci) * SMEM_IMAGE;
+    for (int i = tid; i < nbytes; i += WG) rb[i] = sm[i];
   }
 }
 
@@ -343,8 +345,8 @@ static int time_kernel(Launch launch, float* best_ms) {
   return 0;
 }
 
-static void report(const char* kind, const char* name, int grid, int threads, int iters, double flops,
-                   float ms) {
+static void report(const char* kind, const char* name, int grid, int threads, int iters,
+                   double flops, float ms) {
   std::printf("BENCH kind=%s name=%s grid=%d threads=%d iters=%d ms=%.4f tflops=%.2f\n", kind, name,
               grid, threads, iters, ms, flops / (ms * 1e-3) / 1e12);
 }

@@ -99,7 +99,9 @@ class Tile:
         r, k = np.meshgrid(np.arange(self.rows), np.arange(kstep), indexing="ij")
         start = self.step_offset(s, kstep)
         if self.swizzle == "none":
-            lbo, sbo = (self.sbo, self.lbo) if what_if == "LBO/SBO swapped" else (self.lbo, self.sbo)
+            lbo, sbo = self.lbo, self.sbo
+            if what_if == "LBO/SBO swapped":
+                lbo, sbo = sbo, lbo
             return start + (r // 8) * sbo + (2 * k // 16) * lbo + (r % 8) * 16 + (2 * k) % 16
         lin = start + (r // 8) * self.sbo + (r % 8) * 128 + 2 * k
         if what_if == "no swizzle XOR":
@@ -203,8 +205,8 @@ class Case:
             a_seen = self.a_tile.matrix_from(self.image, self.dtype, 16, what_if)
         b_seen = self.b_tile.matrix_from(self.image, self.dtype, self.kstep, what_if).T
         if self.sparse:
-            pos = np.concatenate([_alt_unpack(self.meta[s], self.sel, what_if) for s in range(STEPS)],
-                                 axis=1)
+            pos = np.concatenate([_alt_unpack(self.meta[s], self.sel, what_if)
+                                  for s in range(STEPS)], axis=1)
             if pos is None or np.any(pos[..., 0] == pos[..., 1]):
                 return None
             a_seen = sl.decompress_2of4(a_seen, pos)
@@ -263,11 +265,13 @@ def make_cases(rng, trials):
     for dtype in ("f16", "bf16"):
         for n in (8, 64, 128, 256):
             for layout in ("interleave-k", "interleave-mn", "128B", "regs"):
-                cases += [Case(rng, dtype, n, layout, scale_d=int(t % 2 == 0)) for t in range(trials)]
+                cases += [Case(rng, dtype, n, layout, scale_d=int(t % 2 == 0))
+                          for t in range(trials)]
             for layout in ("interleave-k", "128B", "regs"):
                 for sel in (0, 1):
                     cases += [Case(rng, dtype, n, layout, True, sel) for _ in range(trials)]
-    for dtype, n, layout, sparse in (("f16", 256, "128B", False), ("bf16", 64, "interleave-k", False),
+    for dtype, n, layout, sparse in (("f16", 256, "128B", False),
+                                     ("bf16", 64, "interleave-k", False),
                                      ("f16", 128, "128B", True)):
         cases += [Case(rng, dtype, n, layout, sparse, bulk=True) for _ in range(trials)]
     return cases
@@ -282,7 +286,8 @@ def build(nvcc, out: Path) -> str:
 
 
 def run_bench(exe: Path, iters: int) -> list[dict]:
-    r = subprocess.run([str(exe), "--bench", str(iters)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([str(exe), "--bench", str(iters)], capture_output=True, text=True,
+                       timeout=300)
     sys.stdout.write(r.stdout)
     if r.returncode != 0:
         raise RuntimeError(f"bench exit {r.returncode}: {r.stderr}")
@@ -365,7 +370,8 @@ def main(argv=None) -> int:
         if not ok:
             failures.append((case, regs, d))
     for name, oks in groups.items():
-        report["results"].append({"name": name, "pass": all(oks), "ok": sum(oks), "trials": len(oks)})
+        report["results"].append({"name": name, "pass": all(oks), "ok": sum(oks),
+                                  "trials": len(oks)})
     for case, regs, d in failures[:20]:
         diff = np.argwhere(d != case.expected())
         report["failures"].append({"name": case.name, "wrong": int(len(diff)),
@@ -391,9 +397,11 @@ def main(argv=None) -> int:
 
     print(f"\n{'result':6} {'ok':>7}  case")
     for row in report["results"]:
-        print(f"{'PASS' if row['pass'] else 'FAIL':6} {row['ok']:>3}/{row['trials']:<3}  {row['name']}")
+        verdict = "PASS" if row["pass"] else "FAIL"
+        print(f"{verdict:6} {row['ok']:>3}/{row['trials']:<3}  {row['name']}")
     for f in report["failures"][:5]:
-        print(f"first failures: {f['name']}: {f['wrong']} of 64xN entries wrong, e.g. {f['examples']}")
+        print(f"first failures: {f['name']}: {f['wrong']} of 64xN entries wrong, "
+              f"e.g. {f['examples']}")
     for what_if, hits in report["what_ifs"].items():
         print(f"  what-if '{what_if}': explains {hits}/{len(failures)} failing trials")
     if report["bench"]:

@@ -38,10 +38,10 @@ fragment sits in .b32 register e >> 1, low half first (e even).
      (LBO unused: CUTLASS writes 1).
    The B operand (K x N) is K-major when stored as B^T: N rows of K elements.
 4. Matrix descriptor (9.7.15.5.1 "Matrix Descriptor Format"; docs anchor
-   #asynchronous-warpgroup-level-matrix-shared-memory-layout-matrix-descriptor), 64 bits: start address >> 4
-   in bits [0, 14), LBO >> 4 in [16, 30), SBO >> 4 in [32, 46), base offset in [49, 52)
-   (0 for 1024-aligned swizzled tiles), swizzle mode in [62, 64): 0 none, 1 128B, 2 64B,
-   3 32B.  CUTLASS cute/arch/mma_sm90_desc.hpp (GmmaDescriptor) has the same fields.
+   #asynchronous-warpgroup-level-matrix-shared-memory-layout-matrix-descriptor), 64 bits:
+   start address >> 4 in bits [0, 14), LBO >> 4 in [16, 30), SBO >> 4 in [32, 46), base
+   offset in [49, 52) (0 for 1024-aligned swizzled tiles), swizzle mode in [62, 64): 0 none,
+   1 128B, 2 64B, 3 32B.  CUTLASS cute/arch/mma_sm90_desc.hpp (GmmaDescriptor) agrees.
 5. Sparse metadata (9.7.15.6.1 "Sparse matrix storage"; f16/bf16 m64nNk32): "a thread-pair
    within a group of four consecutive threads contributes the sparsity metadata", selector 0
    (threads T0, T1 of each quad) or 1 (T2, T3).  Modelled per warp exactly as mma.sp m16n8k32
