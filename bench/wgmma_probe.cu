@@ -18,7 +18,8 @@
 //
 // PTX ISA sections (8.x/9.x numbering): 9.7.15 wgmma; 9.7.15.5 register fragments and shared
 // memory layouts; 9.7.15.5.1 matrix descriptor; 9.7.15.6 sparse wgmma; 9.7.15.7 wgmma.fence /
-// commit_group / wait_group; 9.7.9.25 cp.async.bulk; 9.7.13.15 mbarrier; 9.7.13.4.18 fence.proxy.
+// commit_group / wait_group; 9.7.9.25 cp.async.bulk; 9.7.13.15 mbarrier; 9.7.13.4 membar/fence
+// (fence.proxy.async, fence.mbarrier_init).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -155,12 +156,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 __device__ __forceinline__ void fence_proxy_async() {
   // Generic-proxy stores to shared memory become visible to the async proxy, through which
-  // wgmma reads its descriptor operands (9.7.13.4.18 "membar/fence", proxy fences; 9.7.15.3).
+  // wgmma reads its descriptor operands (9.7.13.4 "membar/fence", proxy fences).
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Shared memory [dst, dst + nbytes) <- global src by 1-D bulk copies completing on an mbarrier
-// (9.7.9.25.4.1 cp.async.bulk; 9.7.13.15 mbarrier: init, arrive.expect_tx, try_wait.parity).
+// (9.7.9.25 cp.async.bulk; 9.7.13.15 mbarrier: init, arrive.expect_tx, try_wait.parity).
 // No tensor map: src and dst 16-byte aligned, sizes multiples of 16.
 __device__ void bulk_load(uint32_t dst, const uint8_t* src, int nbytes, uint64_t* mbar, int tid) {
   const uint32_t bar = smem_u32(mbar);

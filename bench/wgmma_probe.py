@@ -285,6 +285,29 @@ def build(nvcc, out: Path) -> str:
     return " ".join(cmd)
 
 
+class RunError(RuntimeError):
+    """The probe binary failed (CUDA error, trap, timeout)."""
+
+
+def run_cases(exe: Path, work: Path, cases: list, report: dict, timeout: int):
+    """Run the cases through the probe; returns (accumulators [n, 128, 128], readback)."""
+    fin, fout, frb = work / "in.bin", work / "out.bin", work / "readback.bin"
+    with open(fin, "wb") as f:
+        np.array([len(cases), CASE_DTYPE.itemsize], dtype="<i4").tofile(f)
+        np.stack([c.record() for c in cases]).tofile(f)
+    try:
+        r = subprocess.run([str(exe), str(fin), str(fout), str(frb)], capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise RunError(f"timed out after {timeout} s") from exc
+    sys.stdout.write(r.stdout)
+    report.setdefault("device", r.stdout.splitlines()[0] if r.stdout else "")
+    if r.returncode != 0:
+        raise RunError(f"exit {r.returncode}: {r.stderr.strip()}")
+    out = np.fromfile(fout, dtype="<f4").reshape(len(cases), WG, MAX_ACC)
+    return out, np.fromfile(frb, dtype=np.uint8).reshape(len(cases), SMEM_IMAGE)
+
+
 def run_bench(exe: Path, iters: int) -> list[dict]:
     r = subprocess.run([str(exe), "--bench", str(iters)], capture_output=True, text=True,
                        timeout=300)
@@ -338,24 +361,23 @@ def main(argv=None) -> int:
         print("dry run: cases self-checked, probe compiled; not run")
         return finish(0)
 
-    fin, fout, frb = work / "in.bin", work / "out.bin", work / "readback.bin"
-    with open(fin, "wb") as f:
-        np.array([len(cases), CASE_DTYPE.itemsize], dtype="<i4").tofile(f)
-        np.stack([c.record() for c in cases]).tofile(f)
     try:
-        r = subprocess.run([str(exe), str(fin), str(fout), str(frb)], capture_output=True,
-                           text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        print("wgmma_probe: RUN ERROR: timed out", file=sys.stderr)
-        return finish(2)
-    sys.stdout.write(r.stdout)
-    report["device"] = r.stdout.splitlines()[0] if r.stdout else ""
-    if r.returncode != 0:
-        print(f"wgmma_probe: RUN ERROR (exit {r.returncode})\n{r.stderr}", file=sys.stderr)
-        report["run_error"] = r.stderr
-        return finish(2)
-    out = np.fromfile(fout, dtype="<f4").reshape(len(cases), WG, MAX_ACC)
-    rb = np.fromfile(frb, dtype=np.uint8).reshape(len(cases), SMEM_IMAGE)
+        out, rb = run_cases(exe, work, cases, report, timeout=120)
+        run_errors: dict[str, str] = {}
+    except RunError as exc:
+        # One faulting instruction kills the context: run each case kind in its own process,
+        # so that the others still report and the faulting ones are named.
+        print(f"wgmma_probe: RUN ERROR ({exc}); running each case kind alone", file=sys.stderr)
+        out = np.full((len(cases), WG, MAX_ACC), np.nan, dtype=np.float32)
+        rb = np.zeros((len(cases), SMEM_IMAGE), dtype=np.uint8)
+        run_errors = {}
+        for name in dict.fromkeys(c.name for c in cases):
+            idx = [i for i, c in enumerate(cases) if c.name == name]
+            try:
+                out[idx], rb[idx] = run_cases(exe, work, [cases[i] for i in idx], report, 30)
+            except RunError as sub:
+                run_errors[name] = str(sub)
+        report["run_errors"] = run_errors
 
     groups: dict[str, list[bool]] = {}
     failures = []
@@ -367,7 +389,7 @@ def main(argv=None) -> int:
             same = bool(np.array_equal(back[:nb], case.image[:nb]))
             groups.setdefault("cp.async.bulk + mbarrier readback", []).append(same)
         groups.setdefault(case.name, []).append(ok)
-        if not ok:
+        if not ok and case.name not in run_errors:
             failures.append((case, regs, d))
     for name, oks in groups.items():
         report["results"].append({"name": name, "pass": all(oks), "ok": sum(oks),
@@ -387,6 +409,8 @@ def main(argv=None) -> int:
                 hits += int(exp is not None and np.array_equal(got, exp))
             report["what_ifs"][what_if] = hits
     status = 0 if all(r["pass"] for r in report["results"]) else 1
+    if run_errors:
+        status = 2
 
     if args.bench:
         try:
@@ -399,6 +423,8 @@ def main(argv=None) -> int:
     for row in report["results"]:
         verdict = "PASS" if row["pass"] else "FAIL"
         print(f"{verdict:6} {row['ok']:>3}/{row['trials']:<3}  {row['name']}")
+    for name, err in run_errors.items():
+        print(f"RUN ERROR {name}: {err.strip().splitlines()[-1] if err.strip() else '?'}")
     for f in report["failures"][:5]:
         print(f"first failures: {f['name']}: {f['wrong']} of 64xN entries wrong, "
               f"e.g. {f['examples']}")
