@@ -49,7 +49,10 @@ fragment sits in .b32 register e >> 1, low half first (e even).
    lane 4g + 2F + h holds row 16w + g in bits [0, 16) and row 16w + g + 8 in bits [16, 32),
    groups 4h..4h+3 (a nibble each, group 4h + n at bit 4n), slot s's 2-bit index at +2s.
 
-Hardware check: `python3 bench/wgmma_probe.py --out DIR` (see its docstring).
+Hardware check: `python3 bench/wgmma_probe.py --out DIR` (see its docstring); not yet run on an
+H100 when this was written (the tables follow the PTX ISA and CUTLASS's GMMA traits; the probe's
+records were checked on the CPU by tests/wgmma_emulator.py, which reads them back by the PTX
+rules).
 """
 from __future__ import annotations
 
