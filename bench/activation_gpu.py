@@ -129,7 +129,7 @@ def ffn_grads(method: str, dtype=mx.float16) -> dict:
     for backend in ("cuda", "mlx"):
         def f(x_, w1_, b1_, w2_, b2_):
             return sparse_ffn(x_, w1_, b1_, w2_, b2_, method=method, seed=11, dw2="split",
-                              split_threshold=0.5, backend=backend)
+                              split_fraction=0.5, backend=backend)
         y, grads = mx.vjp(f, [x, w1, b1, w2, b2], [dy])
         res[backend] = [to_np(a).astype(np.float64) for a in (y[0], *grads)]
     for name, a, b in zip(("y", "dx", "dw1", "db1", "dw2", "db2"), res["cuda"], res["mlx"]):

@@ -6,7 +6,9 @@
   |a| + |b| to the activation type, is characterised in its own test.
 - The split-GEMM equals its masked float64 reference (mixed, all-true, all-false masks;
   T = 3, 65, 2048).
-- Seed bug 1 absent: the backward's split mask is the forward's cached column statistics.
+- Seed bug 1 absent: the backward's split columns are the F_s most-sparse columns of the
+  forward's cached column statistics (chosen on the device; tests/test_ffn_no_sync.py shows
+  the step makes no host sync).
 - Seed bug 2 absent: the sparse GEMM only ever receives the masked, 2:4 columns.
 - Gradients: top2 / soft_threshold equal MLX's autodiff of a dense reference with the same
   kept mask (relative error < 1e-2, float16); MVUE and the split dW2 equal it in expectation.
@@ -26,7 +28,7 @@ import pytest
 
 from marlin_dsl.activation import ops
 from marlin_dsl.activation.ffn import (FFNConfig, SparseFFN, ffn_backward,
-                                       ffn_forward, sparse_ffn, split_mask, step_seed)
+                                       ffn_forward, sparse_ffn, step_seed)
 from marlin_dsl.activation.reference import groups_length, lowbias32, sparsify_reference
 from marlin_dsl.activation.spec import SparsifyError, SparsifySpec
 from marlin_dsl.errors import ShapeError
@@ -185,6 +187,14 @@ def test_split_gemm_equals_masked_reference(t: int, mask_kind: str) -> None:
 
 # ----- the FFN: fixtures -------------------------------------------------------------------------
 
+def ref_split_mask(col_zeros: mx.array | np.ndarray, n_sparse: int) -> np.ndarray:
+    """bool [F]: the n_sparse columns with the most zeros, ties to the lower index (numpy)."""
+    z = np.asarray(col_zeros, np.int64)
+    mask = np.zeros(len(z), bool)
+    mask[np.lexsort((np.arange(len(z)), -z))[:n_sparse]] = True
+    return mask
+
+
 def ffn_arrays(seed: int, t: int = 128, dims: int = 32, hidden: int = 64, bias: bool = True,
                lead: tuple[int, ...] = ()) -> dict[str, mx.array]:
     """x [*lead, t, dims] and weights in float16. Half the hidden units get a bias of -2.5,
@@ -267,34 +277,60 @@ def test_da_on_kept_entries_is_the_dense_gradient() -> None:
     assert not f64(g.da)[~kept].any()
 
 
-def expectation_check(draws: list[np.ndarray], ref: np.ndarray, scale: np.ndarray) -> None:
+def expectation_check(draws: list[np.ndarray], ref: np.ndarray, scale: np.ndarray,
+                      se_floor: np.ndarray | None = None) -> None:
     """|mean - ref| <= 5 SE + 2^-9 * scale element-wise. 5 SE: thousands of elements are
     tested at once (P(|z| > 5) = 6e-7 each). 2^-9 * scale (scale = sum |S| |dy| per element)
     covers the f16 roundings of each draw: the MVUE value (<= 2^-11, a bias, see
-    test_mvue_rounding_bias_characterised), the output, and the float32 accumulations."""
+    test_mvue_rounding_bias_characterised), the output, and the float32 accumulations.
+    `se_floor`: the analytic SE where it is known; the sample SE is 0 for an element whose
+    rare outcome (a pair like (0.01, 4.2): p = 0.003) never came up in the draws."""
     mean, se = mean_and_se(np.stack(draws))
+    if se_floor is not None:
+        se = np.maximum(se, se_floor)
     bound = 5 * se + 2.0 ** -9 * scale
-    assert np.all(np.abs(mean - ref) <= bound), float((np.abs(mean - ref) / bound).max())
+    assert np.all(np.abs(mean - ref) <= bound), float((np.abs(mean - ref) / np.where(bound > 0, bound, 1)).max())
     # The estimate is informative: its error is small against the reference as a whole.
     assert rel_err(mean, ref) < 0.05
 
 
+def mvue_dw2_se(s: np.ndarray, dy: np.ndarray, cols: np.ndarray, draws: int) -> np.ndarray:
+    """[N, F]: the analytic standard error of the mean of `draws` estimates dy^T S' where S'
+    is S [T, F] with the columns `cols` MVUE-sparsified along T (pairs of rows (2k, 2k + 1)):
+    a pair contributes dy[2k] sign(x0) s with probability |x0| / s, else dy[2k+1] sign(x1) s
+    (s = |x0| + |x1|); pairs are independent."""
+    t = s.shape[0]
+    pad = [(0, t % 2), (0, 0)]
+    sp = np.pad(s[:, cols], pad).reshape(-1, 2, int(cols.sum()))            # [T/2, 2, F_s]
+    d = np.pad(dy, pad).reshape(-1, 2, dy.shape[1])                           # [T/2, 2, N]
+    mag = np.abs(sp)
+    tot = mag.sum(1)
+    p0 = np.divide(mag[:, 0], tot, out=np.zeros_like(tot), where=tot > 0)
+    v0 = d[:, 0, :, None] * (np.sign(sp[:, 0]) * tot)[:, None, :]             # [T/2, N, F_s]
+    v1 = d[:, 1, :, None] * (np.sign(sp[:, 1]) * tot)[:, None, :]
+    var = (p0 * (1 - p0))[:, None, :] * (v0 - v1) ** 2
+    se = np.zeros((dy.shape[1], s.shape[1]))
+    se[:, cols] = np.sqrt(var.sum(0) / draws)
+    return se
+
+
 def test_split_dw2_matches_in_expectation_top2() -> None:
     """top2 forward, dw2="split": the MVUE dW2 averages to the exact dW2 = dy^T (a * M)."""
-    p = ffn_arrays(12)
-    # 0.4: the ~50%-sparse hidden units take the sparse path too (the ~99%-sparse ones alone
-    # would make the MVUE almost deterministic: most pairs along T hold a zero).
-    cfg = FFNConfig("top2", dw2="split", split_threshold=0.4, backend="mlx")
+    p = ffn_arrays(12, hidden=128)
+    # 0.75 of 128: the 64 ~99%-sparse hidden units and 32 of the ~50%-sparse ones take the
+    # sparse path (the ~99%-sparse ones alone would make the MVUE almost deterministic: most
+    # pairs along T hold a zero).
+    cfg = FFNConfig("top2", dw2="split", split_fraction=0.75, backend="mlx")
     _, cache = forward_cache(p, cfg)
-    mask = split_mask(cache.col_zeros, 128, 0.4)
-    assert 0 < mask.sum() < mask.size  # mixed: both paths taken
+    mask = ref_split_mask(cache.col_zeros, 96)
+    assert mask[:64].all() and mask[64:].sum() == 32  # mixed: both paths taken
     ref_fn = masked_reference(cache.mask)
     ref = f64(grads_of(ref_fn, p)["w2"])
     scale = np.abs(f64(p["r"])).T @ np.abs(f64(cache.s))
     draws = [f64(grads_of(lambda *a, s=seed: sparse_ffn(*a, method="top2", seed=s, dw2="split",
-                                                          split_threshold=0.4, backend="mlx"), p)["w2"])
+                                                          split_fraction=0.75, backend="mlx"), p)["w2"])
              for seed in range(300)]
-    expectation_check(draws, ref, scale)
+    expectation_check(draws, ref, scale, mvue_dw2_se(f64(cache.s), f64(p["r"]), mask, len(draws)))
     # The dense columns (not in the split mask) are deterministic and equal the reference.
     spread = np.stack(draws).std(0)
     assert not spread[:, ~mask].any() and spread[:, mask].any()
@@ -306,7 +342,7 @@ def test_mvue_gradients_match_in_expectation(dw2: str) -> None:
     are deterministic and equal the dense (unmasked) layer's; dW2 = dy^T S matches in
     expectation. The draws come from SparseFFN's per-step seeds (step())."""
     p = ffn_arrays(13)
-    layer = SparseFFN(32, 64, method="mvue", dw2=dw2, split_threshold=0.4, backend="mlx")
+    layer = SparseFFN(32, 64, method="mvue", dw2=dw2, split_fraction=1.0, backend="mlx")
     layer.update({k: p[k] for k in ("w1", "b1", "w2", "b2")})
     ones = mx.ones((64,), dtype=mx.bool_)
     ref = grads_of(masked_reference(ones), p)
@@ -315,7 +351,7 @@ def test_mvue_gradients_match_in_expectation(dw2: str) -> None:
     for _ in range(300):
         got = grads_of(lambda x, w1, b1, w2, b2: sparse_ffn(
             x, w1, b1, w2, b2, method="mvue", seed=step_seed(layer.seed, layer.training_step),
-            dw2=dw2, split_threshold=0.4, backend="mlx"), p)
+            dw2=dw2, split_fraction=1.0, backend="mlx"), p)
         for k in ("x", "w1", "b1", "b2"):
             assert rel_err(got[k], ref[k]) < GRAD_RTOL, k
         draws.append(f64(got["w2"]))
@@ -325,7 +361,7 @@ def test_mvue_gradients_match_in_expectation(dw2: str) -> None:
     y_layer = layer(p["x"])
     y_fn = sparse_ffn(p["x"], *(p[k] for k in ("w1", "b1", "w2", "b2")), method="mvue",
                       seed=step_seed(layer.seed, layer.training_step), dw2=dw2,
-                      split_threshold=0.4, backend="mlx")
+                      split_fraction=1.0, backend="mlx")
     assert np.array_equal(f64(y_layer), f64(y_fn))
 
 
@@ -333,48 +369,55 @@ def test_mvue_gradients_match_in_expectation(dw2: str) -> None:
 
 def spy_split(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     calls: list[dict] = []
-    real = ops.split_matmul
+    real = ops.split_matmul_by_rank
 
-    def spy(a, g, column_mask, method="mvue", seed=0, backend="auto"):  # noqa: ANN001, ANN202
-        calls.append({"a": a, "mask": np.array(column_mask), "method": method, "seed": seed})
-        return real(a, g, column_mask, method, seed, backend)
+    def spy(a, g, col_zeros, n_sparse, method="mvue", seed=0, backend="auto"):  # noqa: ANN001, ANN202
+        calls.append({"a": a, "col_zeros": col_zeros, "n_sparse": n_sparse, "method": method,
+                      "seed": seed})
+        return real(a, g, col_zeros, n_sparse, method, seed, backend)
 
-    monkeypatch.setattr(ops, "split_matmul", spy)
+    monkeypatch.setattr(ops, "split_matmul_by_rank", spy)
     return calls
 
 
-def test_backward_split_mask_is_the_forward_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backward_split_columns_are_the_forward_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = spy_split(monkeypatch)
     p = ffn_arrays(14, lead=(2,), t=64)  # batched: T = 2 * 64 tokens
     results = {}
-    for threshold in (0.9, 0.4):
-        cfg = FFNConfig("top2", dw2="split", split_threshold=threshold, backend="mlx")
+    for fraction, n_sparse in ((0.95, 32), (1.0, 64)):
+        cfg = FFNConfig("top2", dw2="split", split_fraction=fraction, backend="mlx")
         _, cache = forward_cache(p, cfg)
-        grads_of(lambda *a, t=threshold: sparse_ffn(*a, method="top2", split_threshold=t, backend="mlx"), p)
+        grads_of(lambda *a, fr=fraction: sparse_ffn(*a, method="top2", split_fraction=fr, backend="mlx"), p)
         call = calls[-1]
         # The forward's column statistics: zeros of relu(h)^2 per hidden unit, over 128 tokens.
         h = np.array((mx.matmul(p["x"].reshape(-1, 32), p["w1"].T) + p["b1"]).astype(mx.float32))
         col_zeros = (h <= 0).sum(0)
         assert np.array_equal(np.array(cache.col_zeros), col_zeros)
-        assert np.array_equal(call["mask"], col_zeros / 128 >= threshold)
+        assert np.array_equal(np.array(call["col_zeros"]), col_zeros)
+        assert call["n_sparse"] == n_sparse == ops.sparse_column_count(64, fraction)
         assert call["method"] == "mvue" and call["a"].shape == (128, 64)
         assert np.array_equal(f64(call["a"]), f64(cache.s))  # it sparsifies the forward's S
-        results[threshold] = call["mask"]
-    # A lower threshold moves the ~50%-sparse hidden units onto the sparse path as well.
-    assert results[0.9].sum() < results[0.4].sum() and np.all(results[0.4] >= results[0.9])
+        order = np.array(ops.most_sparse_columns(call["col_zeros"], n_sparse, 128))
+        mask = ref_split_mask(col_zeros, n_sparse)
+        assert np.array_equal(order[:n_sparse], np.flatnonzero(mask))
+        results[fraction] = mask
+    # The 0.95 split (32 of 64) is mostly the ~99%-sparse half (here one ~50%-sparse unit with
+    # 118 zeros of 128 outranks one with 108); 1.0 takes every unit.
+    assert results[0.95].sum() == 32 and results[0.95][:32].sum() >= 30 and results[1.0].all()
 
 
-def test_split_threshold_changes_dw2_only_on_moved_columns() -> None:
+def test_split_fraction_changes_dw2_only_on_moved_columns() -> None:
     p = ffn_arrays(15)
     dw2 = {}
-    for threshold in (1.0, 0.9):
-        g = grads_of(lambda *a, t=threshold: sparse_ffn(*a, method="top2", split_threshold=t, backend="mlx"), p)
-        dw2[threshold] = f64(g["w2"])
-    cfg = FFNConfig("top2", backend="mlx")
-    _, cache = forward_cache(p, cfg)
-    moved = split_mask(cache.col_zeros, 128, 0.9) & ~split_mask(cache.col_zeros, 128, 1.0)
-    assert moved.any()
-    differs = (dw2[1.0] != dw2[0.9]).any(0)
+    for fraction in (1.0, 0.5):
+        g = grads_of(lambda *a, fr=fraction: sparse_ffn(*a, method="top2", split_fraction=fr, backend="mlx"), p)
+        dw2[fraction] = f64(g["w2"])
+    _, cache = forward_cache(p, FFNConfig("top2", backend="mlx"))
+    kept = ref_split_mask(np.array(cache.col_zeros), 32)
+    # The 32 columns sparse in both are rows 0..31 of both sparse operands: the same draws.
+    assert np.array_equal(kept, np.arange(64) < 32)
+    moved = ~kept
+    differs = (dw2[1.0] != dw2[0.5]).any(0)
     assert differs[moved].any() and not differs[~moved].any()
 
 
@@ -465,7 +508,7 @@ def test_batched_input_is_the_flattened_input() -> None:
     p = ffn_arrays(19, t=32, lead=(3,))
     flat = {k: (v.reshape(-1, v.shape[-1]) if k in ("x", "r") else v) for k, v in p.items()}
     for method in ("top2", "mvue"):
-        fn = lambda *a, m=method: sparse_ffn(*a, method=m, seed=5, split_threshold=0.5, backend="mlx")  # noqa: E731
+        fn = lambda *a, m=method: sparse_ffn(*a, method=m, seed=5, split_fraction=0.5, backend="mlx")  # noqa: E731
         y = fn(*(p[k] for k in NAMES))
         assert y.shape == (3, 32, 32)
         assert np.array_equal(f64(y).reshape(96, 32), f64(fn(*(flat[k] for k in NAMES))))
@@ -501,7 +544,7 @@ def test_errors() -> None:
     cases = [
         (lambda: SparseFFN(8, 16, method="relu"), SparsifyError, "method: expected one of"),
         (lambda: SparseFFN(8, 16, dw2="sparse"), SparsifyError, "dw2: expected one of"),
-        (lambda: SparseFFN(8, 16, split_threshold=1.5), SparsifyError, "split_threshold"),
+        (lambda: SparseFFN(8, 16, split_fraction=1.5), SparsifyError, "split_fraction"),
         (lambda: SparseFFN(8, 16, warmup_steps=-1), SparsifyError, "warmup_steps"),
         (lambda: SparseFFN(8, 16, dtype=mx.float32), SparsifyError, "dtype: expected"),
         (lambda: sparse_ffn(p["x"][:, :5], *args[1:]), ShapeError, r"x: expected shape \[..., dims=32\]"),

@@ -9,10 +9,12 @@ Backward (a custom VJP, since the sparsification has no useful derivative):
   so the straight-through estimator is unbiased); dh = da * 2 relu(h); dx = dh W1;
   dW1 = dh^T x; db1 = sum(dh); db2 = sum(dy);
   dW2 = (S^T dy)^T, the exact gradient of the sparse forward. With dw2="split" S^T dy is a
-  `split_matmul`: the hidden columns whose zero fraction in the FORWARD's statistics
-  (col_zeros / T) is at least `split_threshold` are MVUE-sparsified along the tokens (an
-  unbiased estimate of S^T dy), the rest stay dense. Using the forward's cached statistics is
-  the fix of the seed's first bug (it fetched them and then did a dense matmul).
+  `split_matmul_by_rank`: the F_s hidden columns with the most zeros in the FORWARD's
+  statistics (col_zeros; ties to the lower index) are MVUE-sparsified along the tokens (an
+  unbiased estimate of S^T dy), the rest stay dense. F_s = `ops.sparse_column_count(hidden,
+  split_fraction)` is static (seed 004 sparsifies "the 95% most sparse columns": a count,
+  hence the default 0.95); which columns is decided on the device. Using the forward's cached
+  statistics is the fix of the seed's first bug (it fetched them and then did a dense matmul).
 
 What the backward needs (h, S, its kept mask, col_zeros) leaves the forward as extra outputs of
 the `mx.custom_function`, not recomputed: the backward then provably uses the forward's own
@@ -22,8 +24,15 @@ batched calls and several calls per step stay independent.
 
 Randomness: the forward's MVUE draw uses the call's `seed` (SparseFFN derives it from its seed
 and training step, `step_seed`); the backward's split draw uses step_seed(seed, 0, 1), a
-different stream. The split mask is read on the host (the column gather needs concrete
-indices), so the sparse backward syncs once and cannot run inside `mx.compile`.
+different stream.
+
+No host sync: nothing on the forward or backward path reads an array's value on the host
+(the split's column selection, gather and scatter are device ops on static shapes; seeds and
+counts are host integers from the call's arguments and shapes), so a training step is queued
+without waiting for the device and traces under `mx.compile` (tests/test_ffn_no_sync.py on
+MLX ops; bench/ffn_no_sync_gpu.py with the CUDA kernels).
+Under `mx.compile` the seeds are trace-time constants (they are hashed on the host into the
+graph), so a compiled step repeats its MVUE draws until it is traced again for a new seed.
 """
 from __future__ import annotations
 
@@ -60,7 +69,7 @@ class FFNConfig:
 
     method: str = "top2"
     dw2: str = "split"
-    split_threshold: float = 0.9
+    split_fraction: float = 0.95
     seed: int = 0
     backend: str = "auto"
 
@@ -69,9 +78,10 @@ class FFNConfig:
             raise SparsifyError(f"method: expected one of {METHODS}, got {self.method!r}")
         if self.dw2 not in _DW2:
             raise SparsifyError(f"dw2: expected one of {_DW2}, got {self.dw2!r}")
-        if not 0.0 <= self.split_threshold <= 1.0:
-            raise SparsifyError(f"split_threshold: expected a zero fraction in [0, 1], got "
-                                f"{self.split_threshold!r}")
+        if (not isinstance(self.split_fraction, (int, float)) or isinstance(self.split_fraction, bool)
+                or not 0.0 <= self.split_fraction <= 1.0):
+            raise SparsifyError(f"split_fraction: expected the fraction of hidden columns on "
+                                f"the 2:4 path, in [0, 1], got {self.split_fraction!r}")
 
 
 @dataclass
@@ -112,11 +122,6 @@ def ffn_forward(x: mx.array, w1: mx.array, b1: mx.array | None, w2: mx.array,
     return y, FFNCache(h, s.dense_operand(), s.kept_mask(), s.col_zeros)
 
 
-def split_mask(col_zeros: mx.array, tokens: int, threshold: float) -> np.ndarray:
-    """bool [hidden]: the hidden features whose dW2 column takes the 2:4 path (a sync)."""
-    return np.array(col_zeros).astype(np.float64) / tokens >= threshold
-
-
 def ffn_backward(cache: FFNCache, x: mx.array, w1: mx.array, w2: mx.array, dy: mx.array,
                  cfg: FFNConfig) -> FFNGrads:
     """The custom VJP (see the module docstring) for x [T, dims] and dy [T, dims]."""
@@ -124,8 +129,9 @@ def ffn_backward(cache: FFNCache, x: mx.array, w1: mx.array, w2: mx.array, dy: m
     da = ds if cfg.method == "mvue" else ds * cache.mask.astype(ds.dtype)
     dh = da * (2 * mx.maximum(cache.h, 0))
     if cfg.dw2 == "split":
-        mask = split_mask(cache.col_zeros, x.shape[0], cfg.split_threshold)
-        st_dy = ops.split_matmul(cache.s, dy, mask, "mvue", step_seed(cfg.seed, 0, 1), cfg.backend)
+        n_sparse = ops.sparse_column_count(cache.s.shape[1], cfg.split_fraction)
+        st_dy = ops.split_matmul_by_rank(cache.s, dy, cache.col_zeros, n_sparse, "mvue",
+                                         step_seed(cfg.seed, 0, 1), cfg.backend)
         dw2 = st_dy.T
     else:
         dw2 = mx.matmul(dy.T, cache.s)
@@ -168,15 +174,17 @@ def _check(x: mx.array, w1: mx.array, b1: mx.array | None, w2: mx.array,
 
 def sparse_ffn(x: mx.array, w1: mx.array, b1: mx.array | None, w2: mx.array,
                b2: mx.array | None, *, method: str = "top2", seed: int = 0, dense: bool = False,
-               dw2: str = "split", split_threshold: float = 0.9,
+               dw2: str = "split", split_fraction: float = 0.95,
                backend: str = "auto") -> mx.array:
     """y [..., dims] for x [..., dims] (float16 or bfloat16; weights in x's dtype, nn.Linear
     convention: w1 [hidden, dims], w2 [dims, hidden]). `dense` is the warm-up layer; `seed`
-    is this call's forward draw (the backward's is derived from it)."""
+    is this call's forward draw (the backward's is derived from it). dw2="split": the
+    `split_fraction` of hidden columns with the most zeros (`ops.sparse_column_count`) take the
+    2:4 path of dW2, chosen on the device; dw2="dense": dW2 = dy^T S exactly."""
     _check(x, w1, b1, w2, b2)
     if dense:
         return dense_ffn(x, w1, b1, w2, b2)
-    cfg = FFNConfig(method, dw2, split_threshold, seed, backend)
+    cfg = FFNConfig(method, dw2, split_fraction, seed, backend)
     lead, dims = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, dims)
     has_b1, has_b2 = b1 is not None, b2 is not None
@@ -214,10 +222,10 @@ class SparseFFN(nn.Module):
     """
 
     def __init__(self, dims: int, hidden_dims: int, bias: bool = True, method: str = "top2",
-                 warmup_steps: int = 0, dw2: str = "split", split_threshold: float = 0.9,
+                 warmup_steps: int = 0, dw2: str = "split", split_fraction: float = 0.95,
                  seed: int = 0, backend: str = "auto", dtype: mx.Dtype = mx.float16) -> None:
         super().__init__()
-        FFNConfig(method, dw2, split_threshold, 0, backend)  # validates the settings
+        FFNConfig(method, dw2, split_fraction, 0, backend)  # validates the settings
         if dtype not in _DTYPES:
             raise SparsifyError(f"dtype: expected mx.float16 or mx.bfloat16, got {dtype}")
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
@@ -228,7 +236,7 @@ class SparseFFN(nn.Module):
         if bias:
             self.b1 = mx.random.uniform(-s1, s1, (hidden_dims,)).astype(dtype)
             self.b2 = mx.random.uniform(-s2, s2, (dims,)).astype(dtype)
-        self.method, self.dw2, self.split_threshold = method, dw2, split_threshold
+        self.method, self.dw2, self.split_fraction = method, dw2, split_fraction
         self.warmup_steps, self.seed, self.backend = warmup_steps, seed, backend
         self.dtype = dtype
         self.training_step = 0
@@ -247,7 +255,7 @@ class SparseFFN(nn.Module):
                           self.get("b2"), method=self.method,
                           seed=step_seed(self.seed, self.training_step),
                           dense=not self.is_sparse, dw2=self.dw2,
-                          split_threshold=self.split_threshold, backend=self.backend)
+                          split_fraction=self.split_fraction, backend=self.backend)
 
     def _extra_repr(self) -> str:
         hidden, dims = self["w1"].shape

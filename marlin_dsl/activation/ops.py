@@ -6,6 +6,12 @@ matrix mixing 2:4 columns and dense columns was fed to a sparse matmul as one op
 product is `split_matmul`: the sparse columns and the dense columns are gathered into two
 homogeneous operands, multiplied by `sparse_matmul` and `mx.matmul`, and the rows scattered back.
 
+`split_matmul` takes the column mask as a host value; `split_matmul_by_rank` chooses the
+columns on the device (a static count of the most-sparse columns by their zero counts), so a
+training step's weight gradient never reads an array back on the host (no sync, no
+data-dependent shape). Nothing here evaluates an array except `split_matmul` given an MLX mask
+and `sparse_matmul(check_structure=True)` (`SparseActivation.validate`), both documented syncs.
+
 Backends: "mlx" (MLX ops, `mlx_impl`; every device), "cuda" and "metal" (compiled kernels in
 `marlin_dsl.activation.kernels`, imported on first use), "auto" (the kernel backend of this
 machine when there is one, its module imports and lists the target in its optional
@@ -13,19 +19,22 @@ machine when there is one, its module imports and lists the target in its option
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import ShapeError
+from ..layouts.sparse_activation import ROW_TILE
 from . import mlx_impl
 from .reference import operand_shape
 from .operand import SparseActivation
 from .spec import METHODS, SparsifyError, SparsifySpec
 
-__all__ = ["KERNEL_BACKENDS", "SparseActivation", "resolve_backend", "sparse_matmul",
-           "sparsify", "split_matmul"]
+__all__ = ["KERNEL_BACKENDS", "SPLIT_GRANULE", "SparseActivation", "most_sparse_columns",
+           "resolve_backend", "sparse_column_count", "sparse_matmul", "sparsify", "split_matmul",
+           "split_matmul_by_rank"]
 
 Backend = Literal["auto", "metal", "cuda", "mlx"]
 _BACKENDS = ("auto", "metal", "cuda", "mlx")
@@ -145,7 +154,7 @@ def sparse_matmul(s: SparseActivation, b: mx.array, *, check_structure: bool = F
 
 def _column_mask(column_mask: object, f: int) -> np.ndarray:
     if isinstance(column_mask, mx.array):
-        column_mask = np.array(column_mask)
+        column_mask = np.array(column_mask)  # a sync: the host needs the mask to count columns
     m = np.asarray(column_mask)
     if m.dtype != np.bool_:
         raise SparsifyError(f"column_mask: expected a bool array [F={f}], got dtype {m.dtype}")
@@ -155,6 +164,40 @@ def _column_mask(column_mask: object, f: int) -> np.ndarray:
     return m
 
 
+def _check_split(a: object, g: object, method: str, backend: str) -> tuple[mx.array, mx.array]:
+    a = _check_matrix("a", a)
+    if a.dtype not in (mx.float16, mx.bfloat16):
+        raise ShapeError(f"a: expected dtype float16 or bfloat16, got {a.dtype}")
+    g = _check_matrix("g", g, a.dtype)
+    if g.shape[0] != a.shape[0]:
+        raise ShapeError(f"g: has {g.shape[0]} rows (shape {tuple(g.shape)}) but a has "
+                         f"T={a.shape[0]} rows: A^T @ G needs the same T")
+    if method not in METHODS:
+        raise SparsifyError(f"method: expected one of {METHODS}, got {method!r}")
+    resolve_backend(backend)  # a bad name fails even when no column is sparse
+    return a, g
+
+
+def _split_products(a: mx.array, g: mx.array, order: mx.array | None, n_sparse: int,
+                    method: str, seed: int, backend: Backend) -> mx.array:
+    """A'^T @ G with the columns order[:n_sparse] (gathered in that order) 2:4 along T and the
+    others dense. `order` is a permutation of the F columns as a device array; it is not read
+    where n_sparse is 0 or F (None there). Shapes depend on n_sparse only, never on data."""
+    f = a.shape[1]
+    spec = SparsifySpec(method, axis=0, dtype="f16" if a.dtype == mx.float16 else "bf16")
+    if n_sparse == 0:
+        return mx.matmul(a.T, g)
+    if n_sparse == f:
+        return sparse_matmul(sparsify(a, spec, seed, backend), g)
+    if order is None:
+        raise SparsifyError(f"split: {n_sparse} of {f} columns are sparse but no column order given")
+    s = sparsify(mx.take(a, order[:n_sparse], axis=1), spec, seed, backend)
+    parts = [sparse_matmul(s, g), mx.matmul(mx.take(a, order[n_sparse:], axis=1).T, g)]
+    # Scatter the rows back: row i of the concatenation is column order[i], so column j is
+    # row argsort(order)[j] (the inverse permutation, computed on the device).
+    return mx.take(mx.concatenate(parts, axis=0), mx.argsort(order), axis=0)
+
+
 def split_matmul(a: mx.array, g: mx.array, column_mask: mx.array | np.ndarray,
                  method: str = "mvue", seed: int = 0, backend: Backend = "auto") -> mx.array:
     """C = A'^T @ G [F, N] for A [T, F], G [T, N]: A' is A with the columns in `column_mask`
@@ -162,30 +205,86 @@ def split_matmul(a: mx.array, g: mx.array, column_mask: mx.array | np.ndarray,
 
     Each GEMM gets one homogeneous operand: the masked columns, gathered, form the sparse
     operand S = A_s^T [F_s, T] (its MVUE pair indices are those of the gathered operand: row r
-    is the r-th masked column); the others go through a dense `mx.matmul`; the result rows are
-    scattered back to their columns' places.
+    is the r-th masked column, in ascending column order); the others go through a dense
+    `mx.matmul`; the result rows are scattered back to their columns' places.
+
+    The mask is a host value (the operand shapes are its counts): an `mx.array` mask is read
+    on the host, a sync. A training step uses `split_matmul_by_rank`, which needs none.
     """
-    a = _check_matrix("a", a)
-    if a.dtype not in (mx.float16, mx.bfloat16):
-        raise ShapeError(f"a: expected dtype float16 or bfloat16, got {a.dtype}")
-    g = _check_matrix("g", g, a.dtype)
-    t, f = a.shape
-    if g.shape[0] != t:
-        raise ShapeError(f"g: has {g.shape[0]} rows (shape {tuple(g.shape)}) but a has T={t} "
-                         f"rows: A^T @ G needs the same T")
-    if method not in METHODS:
-        raise SparsifyError(f"method: expected one of {METHODS}, got {method!r}")
+    a, g = _check_split(a, g, method, backend)
+    f = a.shape[1]
     mask = _column_mask(column_mask, f)
-    resolve_backend(backend)  # a bad name fails even when no column is sparse
-    sparse_cols, dense_cols = np.flatnonzero(mask), np.flatnonzero(~mask)
-    parts = []
-    if sparse_cols.size:
-        spec = SparsifySpec(method, axis=0, dtype="f16" if a.dtype == mx.float16 else "bf16")
-        s = sparsify(mx.take(a, mx.array(sparse_cols), axis=1), spec, seed, backend)
-        parts.append(sparse_matmul(s, g))
-    if dense_cols.size:
-        parts.append(mx.matmul(mx.take(a, mx.array(dense_cols), axis=1).T, g))
-    if not sparse_cols.size or not dense_cols.size:
-        return parts[0]
-    order = np.concatenate([sparse_cols, dense_cols])
-    return mx.take(mx.concatenate(parts, axis=0), mx.array(np.argsort(order)), axis=0)
+    n_sparse = int(mask.sum())
+    order = None
+    if 0 < n_sparse < f:
+        order = mx.array(np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)]).astype(np.uint32))
+    return _split_products(a, g, order, n_sparse, method, seed, backend)
+
+
+# ----- the split by rank: no host value -----------------------------------------------------
+
+#: F_s, the number of sparse columns of a split by fraction, is a multiple of this unless it is
+#: all F: the CUDA layout pads S's rows to 32 (`ActivationLayout.row_pad`: one metadata register
+#: serves a pair of 16-row tiles of mma.sp m16n8k32, PTX ISA 9.7.14.6.2.2), so a count that is
+#: not a multiple of 32 computes padding rows.
+SPLIT_GRANULE = 2 * ROW_TILE
+
+
+def sparse_column_count(f: int, fraction: float) -> int:
+    """F_s for a split of `fraction` of f columns: floor(fraction * f) rounded down to a
+    multiple of SPLIT_GRANULE, except that fraction 1 keeps all f. Host arithmetic on the
+    static shape only."""
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction <= 1:
+        raise SparsifyError(f"split fraction: expected a number in [0, 1], got {fraction!r}")
+    n = min(f, math.floor(fraction * f + 1e-9))  # 1e-9: 0.29 * 100 is 28.999... in binary
+    return f if n == f else n - n % SPLIT_GRANULE
+
+
+def most_sparse_columns(col_zeros: mx.array, n_sparse: int, tokens: int) -> mx.array:
+    """uint32 [F], a permutation of the columns computed on the device: first the n_sparse
+    columns with the most zeros (ties to the lower index), in ascending column order, then the
+    others, ascending. `col_zeros` [F] counts zeros over `tokens` rows (values above `tokens`
+    count as `tokens`).
+
+    Each column gets a unique key z * F + (F - 1 - j) (more zeros first, then the lower index
+    j), so the selection is exact whatever the sort's tie rule: the n_sparse largest keys are
+    those >= the (F - n_sparse)-th smallest. Two sorts of F keys on the device.
+    """
+    f = int(col_zeros.shape[0])
+    if not 0 <= n_sparse <= f:
+        raise SparsifyError(f"n_sparse: expected 0..F={f}, got {n_sparse!r}")
+    # The largest key is tokens * F + F - 1: uint32 holds it up to T * F ~ 4e9.
+    kt = mx.uint32 if (tokens + 1) * f <= 2 ** 32 else mx.int64
+    idx = mx.arange(f, dtype=kt)
+    if n_sparse in (0, f):
+        return idx.astype(mx.uint32)
+    z = mx.minimum(col_zeros.astype(kt), mx.array(tokens, dtype=kt))
+    key = z * mx.array(f, dtype=kt) + (mx.array(f - 1, dtype=kt) - idx)
+    kth = mx.sort(key)[f - n_sparse]
+    sparse = key >= kth
+    # Sparse columns keep their index as sort key, dense ones are shifted past them: one sort
+    # of unique keys gives [sparse ascending, dense ascending].
+    return mx.argsort(mx.where(sparse, idx, idx + mx.array(f, dtype=kt))).astype(mx.uint32)
+
+
+def split_matmul_by_rank(a: mx.array, g: mx.array, col_zeros: mx.array, n_sparse: int,
+                         method: str = "mvue", seed: int = 0,
+                         backend: Backend = "auto") -> mx.array:
+    """`split_matmul` with the column mask chosen on the device: the n_sparse columns of A
+    with the most zeros (`col_zeros` [F], e.g. the forward's statistics; ties to the lower
+    index) take the 2:4 path. n_sparse is a static count (`sparse_column_count`), so the
+    operands' shapes never depend on data and nothing is read back on the host: no sync, and
+    the call traces under `mx.compile`. Equals `split_matmul(a, g, mask)` for that mask (same
+    gathered order, so the same MVUE draw)."""
+    a, g = _check_split(a, g, method, backend)
+    t, f = a.shape
+    if not isinstance(col_zeros, mx.array) or tuple(col_zeros.shape) != (f,):
+        raise ShapeError(f"col_zeros: expected an mlx.core.array of shape ({f},) (one count per "
+                         f"column of a), got {getattr(col_zeros, 'shape', type(col_zeros).__name__)}")
+    if mx.issubdtype(col_zeros.dtype, mx.floating) or col_zeros.dtype == mx.bool_:
+        raise SparsifyError(f"col_zeros: expected integer zero counts, got dtype {col_zeros.dtype}")
+    if not isinstance(n_sparse, (int, np.integer)) or isinstance(n_sparse, bool) or not 0 <= n_sparse <= f:
+        raise SparsifyError(f"n_sparse: expected an integer in 0..F={f}, got {n_sparse!r}")
+    n_sparse = int(n_sparse)
+    order = None if n_sparse in (0, f) else most_sparse_columns(col_zeros, n_sparse, t)
+    return _split_products(a, g, order, n_sparse, method, seed, backend)
