@@ -51,6 +51,7 @@ def main_loop(instrs: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
 
 
 def count(src, weights_per_iteration: int) -> dict:
+    """Opcode counts of the kernel's main loop (and the loop itself, as text lines)."""
     from marlin_dsl.targets.cuda.nvcc import nvcc_check
 
     res = nvcc_check([src], archs=["sm_90"])[0]
@@ -59,7 +60,8 @@ def count(src, weights_per_iteration: int) -> dict:
     loop = main_loop(parse(sass_of(res.output)))
     ops = collections.Counter(op.split(".")[0] for _, op, _ in loop)
     n = sum(ops.values())
-    return {"loop_instructions": n, "per_weight": n / weights_per_iteration, "ops": dict(ops.most_common())}
+    return {"loop_instructions": n, "per_weight": n / weights_per_iteration, "ops": dict(ops.most_common()),
+            "loop": [f"{addr:#06x}  {op} {args.strip()}" for addr, op, args in loop]}
 
 
 def main() -> int:
@@ -90,7 +92,8 @@ def main() -> int:
             r = count(src, per_lane)
             top = " ".join(f"{k}:{v}" for k, v in list(r["ops"].items())[:8])
             print(f"{name:10} {m:4d} {s.name:22} {r['loop_instructions']:10d} {r['per_weight']:10.2f}  {top}")
-            if args.show:
+            if args.show:  # the first kernel's loop only
+                print("\n".join(r["loop"]))
                 args.show = False
     return 0
 
