@@ -42,17 +42,17 @@ class MmaEmitters:
                 self.emit(depth, f"{name}.x[{r}] = {ref};")
             return
         elems: list[tuple[str, str]] = []  # (expression, "pair" | "scalar")
-        words: list[str | None] = []  # per element: the word of a 16-bit vector it starts, if any
+        sources: list[Value | None] = []  # per element: the scalar operand it is, if it is one
         for v, ref in zip(op.operands, ops):
             if is_pair(v.type):
                 elems += [(ref, "pair"), ("", "pair-high")]
-                words += [None, None]
+                sources += [None, None]
             elif isinstance(v.type, VectorType):
                 elems += [(f"{ref}.v[{i}]", "scalar") for i in range(v.type.size)]
-                words += [None] * v.type.size
+                sources += [None] * v.type.size
             else:
                 elems.append((ref, "scalar"))
-                words.append(self.vector_word(v))
+                sources.append(v)
         name = self.define(op.result)
         self.emit(depth, f"{cuda_type(t)} {name};")
         for r in range(len(elems) // 2):
@@ -60,14 +60,16 @@ class MmaEmitters:
             word = f"mdsl::pair_bits({lo})" if lo_kind == "pair" else f"mdsl::pack2({lo}, {hi})"
             if lo_kind == "pair-high" or hi_kind == "pair":  # a pair split across two registers
                 raise CompileError(f"cuda: kernel {self.k.name}: frag_build pairs must start on a register")
-            if words[2 * r] is not None and self.next_element(op.operands, 2 * r):
-                word = words[2 * r]  # elements 2i, 2i+1 of one 16-bit vector: its i-th word as it is
-            self.emit(depth, f"{name}.x[{r}] = {word};")
+            self.emit(depth, f"{name}.x[{r}] = {self.vector_word(sources[2 * r], sources[2 * r + 1]) or word};")
 
-    def next_element(self, operands: list[Value], i: int) -> bool:
-        """operands[i + 1] is the element after operands[i] in the same vector."""
-        lo, hi = self.extract_of(operands[i]), self.extract_of(operands[i + 1])
-        return lo is not None and hi is not None and hi[0] is lo[0] and hi[1] == lo[1] + 1
+    def vector_word(self, lo: Value | None, hi: Value | None) -> str | None:
+        """`mdsl::vec_word<i>(vec)` when lo and hi are elements 2i and 2i + 1 of one 16-bit
+        vector: reading its word as it is, instead of repacking two halves, saves ptxas two
+        PRMTs per fragment register (bench/sass_count.py)."""
+        a, b = self.extract_of(lo), self.extract_of(hi)
+        if a is None or b is None or b[0] is not a[0] or a[1] % 2 or b[1] != a[1] + 1:
+            return None
+        return f"mdsl::vec_word<{a[1] // 2}>({self.ref(a[0])})"
 
     def extract_of(self, v: Value | None) -> tuple[Value, int] | None:
         """(vector, index) when v is `extract` of a vector of 16-bit elements, else None."""
@@ -82,16 +84,6 @@ class MmaEmitters:
         if not isinstance(vec.type, VectorType) or is_pair(vec.type) or vec.type.elem.bits != 16:
             return None
         return vec, int(src.attrs["index"])
-
-    def vector_word(self, v: Value) -> str | None:
-        """`mdsl::vec_word<i>(vec)` when v is element 2i of a 16-bit vector (the caller checks the
-        next element is 2i + 1): reading the word as it is, instead of repacking two halves,
-        saves ptxas two PRMTs per fragment register (bench/sass_count.py)."""
-        found = self.extract_of(v)
-        if found is None or found[1] % 2:
-            return None
-        vec, index = found
-        return f"mdsl::vec_word<{index // 2}>({self.ref(vec)})"
 
     def op_frag_zero(self, op: Op, depth: int) -> None:
         cuda_type(op.result.type)  # refuses a fragment type CUDA does not have
