@@ -259,7 +259,7 @@ class CudaLaunch:
         self.source: CudaSource = print_cuda(kernel, inout_inputs=inout_inputs)
         s = self.source
         self.name = f"{s.name}_{s.digest[:12]}"
-        self._kernel = s.mlx_kernel(self.name)
+        self._kernel = s.compact().mlx_kernel(self.name)
 
     def __call__(self, arrays: dict[str, Any], out_shapes: dict[str, tuple[int, ...]],
                  scalars: dict[str, int], init_value: float | None = None) -> dict[str, Any]:
