@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from marlin_dsl.targets.cuda import sparse_layout as sl  # noqa: E402
+from marlin_dsl.targets.cuda.launch import mlx_kernel  # noqa: E402
 from marlin_dsl.ir import (BF16, F16, F32, U32, Builder, BufferParam, FragmentType, GridDim,  # noqa: E402
                            Kernel, ScalarParam, VectorType, verify)
 
@@ -131,7 +132,7 @@ def run_mlx(kernel: Kernel, buffers: dict, scalars: dict) -> np.ndarray:
     from marlin_dsl.targets.cuda.printer import print_cuda
 
     src = print_cuda(kernel)
-    kern = src.mlx_kernel(name=f"{src.name}_{src.digest[:12]}")
+    kern = mlx_kernel(src, name=f"{src.name}_{src.digest[:12]}")
     dtype = {"f16": mx.float16, "bf16": mx.bfloat16, "u32": mx.uint32, "f32": mx.float32}
     inputs = []
     for n in src.input_names:

@@ -38,9 +38,11 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir.core import Kernel
 from .printer import print_cuda
+from .launch_text import mlx_strings
 from .source import CudaSource
 
-__all__ = ["CudaGemm", "CudaLaunch", "CudaWeights", "build_cuda_kernel", "gemm_inout_inputs", "cuda_executor"]
+__all__ = ["CudaGemm", "CudaLaunch", "CudaWeights", "build_cuda_kernel", "gemm_inout_inputs", "cuda_executor",
+           "mlx_kernel"]
 
 #: Readwrite buffers of the lowered GEMMs that a launch must find zeroed (and that the kernel
 #: leaves zeroed): the striped pipeline's arrival counters (kernel_args.gemm_buffers).
@@ -73,6 +75,17 @@ def _mx():
     return mx
 
 
+def mlx_kernel(source: CudaSource, name: str | None = None):
+    """`source` as `mx.fast.cuda_kernel(...)` (needs MLX's CUDA backend to run), handed to MLX
+    as #include lines of files holding its text (launch_text.py says why)."""
+    mx = _mx()
+    name = name or source.name
+    header, body = mlx_strings(name, source.header, source.body)
+    return mx.fast.cuda_kernel(name=name, input_names=list(source.input_names),
+                               output_names=list(source.output_names), source=body,
+                               header=header, **source.shared_memory_kwargs)
+
+
 def _mx_dtype(elem: str):
     return getattr(_mx(), _MX_DTYPE[elem])
 
@@ -100,7 +113,7 @@ class CudaGemm:
         """The `mx.fast.cuda_kernel` object (created on first use), of the compact text
         (`CudaSource.compact`: MLX's per-launch host cost grows with the text)."""
         if self._kernel is None:
-            self._kernel = self.source.compact().mlx_kernel(self.name)
+            self._kernel = mlx_kernel(self.source.compact(), self.name)
         return self._kernel
 
     def weights(self, packed) -> CudaWeights:
@@ -259,7 +272,7 @@ class CudaLaunch:
         self.source: CudaSource = print_cuda(kernel, inout_inputs=inout_inputs)
         s = self.source
         self.name = f"{s.name}_{s.digest[:12]}"
-        self._kernel = s.compact().mlx_kernel(self.name)
+        self._kernel = mlx_kernel(s.compact(), self.name)
 
     def __call__(self, arrays: dict[str, Any], out_shapes: dict[str, tuple[int, ...]],
                  scalars: dict[str, int], init_value: float | None = None) -> dict[str, Any]:

@@ -187,19 +187,6 @@ class CudaSource:
         return replace(self, prelude=trim_prelude(self.prelude, self.declarations + self.body),
                        declarations=compact_cuda(self.declarations), body=compact_cuda(self.body))
 
-    def mlx_kernel(self, name: str | None = None):
-        """This kernel as `mx.fast.cuda_kernel(...)` (needs MLX's CUDA backend to run), handed
-        to MLX as #include lines of files holding this text (launch_text.py says why)."""
-        import mlx.core as mx
-
-        from .launch_text import mlx_strings
-
-        name = name or self.name
-        header, body = mlx_strings(name, self.header, self.body)
-        return mx.fast.cuda_kernel(name=name, input_names=list(self.input_names),
-                                   output_names=list(self.output_names), source=body,
-                                   header=header, **self.shared_memory_kwargs)
-
     @property
     def shared_memory_kwargs(self) -> dict:
         """`shared_memory=` for mx.fast.cuda_kernel where the kernel uses dynamic shared memory."""
