@@ -77,6 +77,31 @@ struct frag_c {
   float x[4];
 };
 
+// One warp's accumulator of the warpgroup MMA wgmma.mma_async m64nNk16 (sm_90a): its 16 rows x
+// N columns, N/2 floats per lane, register i at row g + 8 ((i >> 1) & 1), column 8 (i >> 2) +
+// 2t + (i & 1) (PTX ISA 9.7.15.5; marlin_dsl/targets/cuda/wgmma_layout.py, checked on an H100).
+template <int N>
+struct frag_cw {
+  float x[N / 2];
+};
+
+template <int N>
+__device__ __forceinline__ frag_cw<N> zero_cw() {
+  return frag_cw<N>{};  // aggregate: every element value-initialised to zero
+}
+
+// The 64-bit shared-memory matrix descriptor of a wgmma operand stored K-major in 128-byte
+// swizzled rows (PTX ISA 9.7.15.5.1): start address >> 4 in bits [0, 14), leading byte offset
+// 16 >> 4 (unused by the swizzled K-major layout) in [16, 30), stride byte offset SBO >> 4 (the
+// distance of 8-row atoms) in [32, 46), base offset 0 (atoms are SBO-aligned), swizzle mode 1
+// (128 bytes) in [62, 64). bench/wgmma_probe.py checked these encodings on an H100.
+template <uint32_t SBO>
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((a & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(SBO >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
 __device__ __forceinline__ uint32_t lane_id() {
   return threadIdx.x % 32u;
 }

@@ -47,14 +47,16 @@ from .formats import (
 )
 from .formats.builtin import BUILTIN_FORMATS, builtin_format
 from .errors import ScheduleError
-from .schedule import DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, WeightStream
+from .schedule import (DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, Warpgroup,
+                       WeightStream)
 from .targets import CUDA, METAL, TARGETS, Target, emit
 from .targets.cuda.tuning import multistage_schedule, tuned_schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "WeightStream",
+    "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "Warpgroup",
+    "WeightStream",
     "ScheduleError", "multistage_schedule", "tuned_schedule",
     "TARGETS", "Target", "emit", "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",
     "GroupBias", "GroupScale", "IntEncoding", "MarlinDSLError", "NMSparsity", "PackedWeights", "Packing",

@@ -8,7 +8,8 @@ from .errors import ScheduleError, SourceLocation
 from .formats import Format
 # The pipelines live in marlin_dsl/pipelines/ (one module each, registered by kind); their
 # classes stay importable from here.
-from .pipelines import PIPELINES, DoubleBuffered, FusedDequant, Multistage, Pipeline, StripedKParallel, WeightStream
+from .pipelines import (PIPELINES, DoubleBuffered, FusedDequant, Multistage, Pipeline, StripedKParallel, Warpgroup,
+                        WeightStream)
 from .source import caller_location, record_declaration
 from .targets.base import Target
 

@@ -85,6 +85,9 @@ class SharedArray:
     name: str
     elem: ScalarType
     size: int
+    #: byte alignment of the array's start (a power of two; 16 unless an op needs more: the
+    #: warpgroup MMA reads swizzled tiles whose swizzle acts on absolute addresses)
+    align: int = 16
 
     @property
     def nbytes(self) -> int:

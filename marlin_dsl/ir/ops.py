@@ -13,7 +13,9 @@ from typing import Callable
 
 from . import semantics
 from .core import BufferParam, Kernel, Op, SharedArray
-from .types import BF16, BOOL, F16, F32, U8, U16, U32, FragmentType, ScalarType, Type, VectorType
+from .tensor_rules import (_async_copy, _async_wait, _frag_build, _frag_elems, _frag_load, _frag_store,
+                           _frag_zero, _mma, _mma_sp, _wgmma, _wgmma_fence, _wgmma_wait)
+from .types import BOOL, U8, U16, U32, ScalarType, Type, VectorType
 
 TypeRule = Callable[[Op, Kernel], str | None]  # returns an error message or None
 
@@ -175,30 +177,6 @@ def _vec(op: Op, _: Kernel) -> str | None:
     return None
 
 
-def _frag_build(op: Op, kernel: Kernel) -> str | None:
-    from ..targets.base import TARGETS
-
-    t = op.result.type
-    if not isinstance(t, FragmentType):
-        return "frag_build gives a fragment"
-    target = TARGETS.get(str(kernel.attrs.get("target")))
-    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
-    if layout is None:
-        return (f"frag_build needs the lane layout of {t} on the kernel's target "
-                f"{kernel.attrs.get('target')!r}, which declares none")
-    count = 0
-    for v in op.operands:
-        vt = v.type
-        if vt == t.elem:
-            count += 1
-        elif isinstance(vt, VectorType) and vt.elem == t.elem:
-            count += vt.size
-        else:
-            return f"frag_build of {t} takes {t.elem} scalars or vectors, got {vt}"
-    per_lane = layout[0].shape[1]
-    return None if count == per_lane else f"a lane holds {per_lane} elements of {t}, got {count}"
-
-
 def _table(op: Op, kernel: Kernel) -> str | None:
     try:
         decl = kernel.symbol(str(op.attrs["name"]))
@@ -209,79 +187,10 @@ def _table(op: Op, kernel: Kernel) -> str | None:
     return None if op.result.type == getattr(decl, "elem", None) else "table result type mismatch"
 
 
-def _frag_load(op: Op, kernel: Kernel) -> str | None:
-    err = _memory_name(op, kernel)
-    t = op.result.type
-    if err or not isinstance(t, FragmentType) or t.role not in ("a", "b"):
-        return err or "frag_load gives an a or b fragment"
-    if kernel.symbol(str(op.attrs["buffer"])).elem != t.elem:  # type: ignore[union-attr]
-        return f"frag_load of {t} from a buffer of another element type"
-    return None if op.operands[0].type == U32 else "fragment offset must be u32"
-
-
-def _frag_store(op: Op, kernel: Kernel) -> str | None:
-    err = _memory_name(op, kernel)
-    t = op.operands[0].type
-    if err or not isinstance(t, FragmentType) or t.role != "c":
-        return err or "frag_store takes a c fragment"
-    decl = kernel.symbol(str(op.attrs["buffer"]))
-    if isinstance(decl, BufferParam) and decl.access == "read":
-        return f"frag_store to read-only buffer @{decl.name}"
-    return None if op.operands[1].type == U32 else "fragment offset must be u32"
-
-
-def _async_copy(op: Op, kernel: Kernel) -> str | None:
-    try:
-        dst, src = kernel.symbol(str(op.attrs["dst"])), kernel.symbol(str(op.attrs["src"]))
-    except KeyError as e:
-        return f"unknown memory @{e.args[0]}"
-    if not isinstance(dst, SharedArray):
-        return f"async_copy writes a shared array, @{dst.name} is not one"
-    if not isinstance(src, BufferParam):
-        return f"async_copy reads a device buffer, @{src.name} is not one"
-    if dst.elem != src.elem:
-        return f"async_copy from @{src.name} ({src.elem}) to @{dst.name} ({dst.elem}): element types differ"
-    size = op.attrs["size"]
-    if isinstance(size, bool) or not isinstance(size, int) or size * dst.elem.bits not in (32, 64, 128):
-        return f"async_copy moves 4, 8 or 16 bytes: size {size!r} of {dst.elem} is not"
-    if any(v.type != U32 for v in op.operands[:2]):
-        return "async_copy indices (shared, device) must be u32"
-    if len(op.operands) > 2 and op.operands[2].type != BOOL:
-        return "predicate must be bool"
-    return None
-
-
-def _async_wait(op: Op, _: Kernel) -> str | None:
-    n = op.attrs["pending"]
-    return None if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 7 else \
-        f"async_wait pending must be an integer 0..7, got {n!r}"
-
-
-def _frag_elems(op: Op, kernel: Kernel) -> str | None:
-    from ..targets.base import TARGETS
-
-    t = op.operands[0].type
-    if not isinstance(t, FragmentType):
-        return "frag_elems takes a fragment"
-    target = TARGETS.get(str(kernel.attrs.get("target")))
-    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
-    if layout is None:
-        return (f"frag_elems needs the lane layout of {t} on the kernel's target "
-                f"{kernel.attrs.get('target')!r}, which declares none")
-    want = VectorType(t.elem, int(layout[0].shape[1]))
-    return None if op.result.type == want else f"frag_elems of {t} gives {want}, not {op.result.type}"
-
-
-def _memory_name(op: Op, kernel: Kernel) -> str | None:
-    try:
-        decl = kernel.symbol(str(op.attrs["buffer"]))
-    except KeyError:
-        return f"unknown buffer @{op.attrs['buffer']}"
-    return None if isinstance(decl, (BufferParam, SharedArray)) else f"@{decl.name} is not memory"
-
-
 _INDEX_KINDS = ("tid", "lane", "warp", "group_x", "group_y", "group_z")
-_SCOPES = {"barrier": ("threadgroup", "simdgroup"), "fence": ("device", "threadgroup")}
+#: fence scope "async_proxy": this thread's earlier writes of shared memory become visible to
+#: the asynchronous proxy (the warpgroup MMA reading shared memory) once a barrier follows
+_SCOPES = {"barrier": ("threadgroup", "simdgroup"), "fence": ("device", "threadgroup", "async_proxy")}
 
 
 def _index(op: Op, k: Kernel) -> str | None:
@@ -308,50 +217,6 @@ def _const(op: Op, k: Kernel) -> str | None:
         return None if lo <= value <= hi else f"{value} does not fit in {t}"
     return None if isinstance(value, numbers.Real) and not isinstance(value, bool) else \
         f"a float const needs a number, got {value!r}"
-
-
-def _frag_zero(op: Op, _: Kernel) -> str | None:
-    t = op.result.type
-    return None if isinstance(t, FragmentType) and t.role == "c" else "frag_zero gives a c fragment"
-
-
-def _mma(op: Op, _: Kernel) -> str | None:
-    a, b, c = (v.type for v in op.operands)
-    if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):
-        return "mma takes fragments"
-    if (a.role, b.role, c.role) != ("a", "b", "c"):
-        return "mma operands are (a, b, c) fragments"
-    if a.cols != b.rows or a.rows != c.rows or b.cols != c.cols or a.elem != b.elem:
-        return f"mma shapes do not chain: {a} x {b} + {c}"
-    return None if op.result.type == c else "mma result must have the accumulator's type"
-
-
-def _mma_sp(op: Op, kernel: Kernel) -> str | None:
-    from ..targets.base import TARGETS
-
-    a, b, c, meta = (v.type for v in op.operands)
-    if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):
-        return "mma_sp takes (a, b, c) fragments and a u32 metadata word"
-    if (a.role, b.role, c.role) != ("a", "b", "c"):
-        return "mma_sp operands are (a, b, c) fragments and a u32 metadata word"
-    if meta != U32:
-        return f"mma_sp metadata must be u32 (each lane's own word), got {meta}"
-    if b.rows != 2 * a.cols or a.rows != c.rows or b.cols != c.cols:
-        return f"mma_sp shapes do not chain: compressed {a} (k = 2 x {a.cols}) x {b} + {c}"
-    if a.elem != b.elem:
-        return f"mma_sp a and b must share one element type, got {a} and {b}"
-    if a.elem not in (F16, BF16) or c.elem != F32:
-        return f"mma_sp takes f16 or bf16 a and b with an f32 accumulator, got {a}, {b}, {c}"
-    selector = op.attrs.get("selector")
-    if isinstance(selector, bool) or selector not in (0, 1):
-        return f"mma_sp selector must be 0 or 1, got {selector!r}"
-    target = TARGETS.get(str(kernel.attrs.get("target")))
-    shape = (a.rows, b.cols, b.rows)
-    if target is None or target.sparse_mma != shape:
-        have = target.sparse_mma if target is not None else None
-        return (f"mma_sp of shape m{shape[0]}n{shape[1]}k{shape[2]} needs a target with that sparse "
-                f"MMA; the kernel's target {kernel.attrs.get('target')!r} has {have}")
-    return None if op.result.type == c else "mma_sp result must have the accumulator's type"
 
 
 def _for(op: Op, _: Kernel) -> str | None:
@@ -477,6 +342,24 @@ _define(
           doc="c + decompress(a, meta) @ b: 2:4 sparse a, compressed to half its columns; meta is "
               "each lane's u32 metadata word, read at the lanes and bits the target's table "
               "(Target.sparse_metadata(selector)) names"),
+    # The warpgroup MMA (docs/IR.md, "Warpgroup MMA"). It names its shared memory `smem`, not
+    # `buffer`, and the fence/commit/wait have none, so the dependence graph keeps them in
+    # order against every memory op; all are collective, so fragment builds stay on their side.
+    OpDef("wgmma", (3, 3), ("smem",), results=(1, 1), reads_memory=True, collective=True, rule=_wgmma,
+          doc="start c + a @ B, issued by a warpgroup: a is this warp's rows of A, B (k x n) is read "
+              "from shared @smem at element offset b as the target's swizzled rows (one row per "
+              "column of B), c this warp's rows of the accumulator; the result is readable only "
+              "after a wgmma_wait (until then only as the next wgmma's c)"),
+    OpDef("wgmma_fence", (0, None), writes_memory=True, collective=True, rule=_wgmma_fence,
+          doc="order earlier register writes of the operand fragments before the wgmmas that follow "
+              "(needed before each batch of wgmmas)"),
+    OpDef("wgmma_commit", (0, 0), writes_memory=True, collective=True,
+          doc="close this warp's open group of wgmmas"),
+    OpDef("wgmma_wait", (1, None), ("pending",), results=(1, 1), writes_memory=True, collective=True,
+          rule=_wgmma_wait,
+          doc="wait until at most `pending` of this warp's committed wgmma groups are in flight; the "
+              "result is the accumulator operand, now readable; the other operands (the a fragments "
+              "of the finished wgmmas) are kept alive until here"),
     OpDef("for", (3, None), optional_attrs=("specialise",), regions=1, results=(0, None), rule=_for,
           doc="for index = lb; index < ub; index += step, carrying values through yield"),
     OpDef("if", (1, 1), regions=2, results=(0, None), rule=_if),

@@ -7,6 +7,7 @@ from collections.abc import Collection, Iterator
 from ..errors import CompileError, MarlinDSLError
 from .core import Block, Kernel, Op, Value
 from .ops import OPS
+from .tensor_rules import warpgroup_chains
 from .types import FragmentType
 
 
@@ -19,6 +20,10 @@ def verify(kernel: Kernel) -> None:
     names: set[str] = set()
     _check_decls(kernel)
     _verify_block(kernel, kernel.body, visible=set(), names=names, top=True)
+    if any(op.name == "wgmma" for op in kernel.walk()):
+        message = warpgroup_chains(list(kernel.walk()))
+        if message:
+            raise VerifyError(f"kernel {kernel.name}: {message}")
 
 
 def _check_decls(kernel: Kernel) -> None:
@@ -30,6 +35,10 @@ def _check_decls(kernel: Kernel) -> None:
     if not 1 <= kernel.threads <= 1024 or kernel.threads % kernel.warp_size:
         raise VerifyError(f"kernel {kernel.name}: threads {kernel.threads} must be a multiple "
                           f"of the warp size {kernel.warp_size} in 1..1024")
+    for arr in kernel.shared:
+        if arr.align < 16 or arr.align & (arr.align - 1):
+            raise VerifyError(f"kernel {kernel.name}: shared @{arr.name} align {arr.align} must be a "
+                              "power of two of at least 16 bytes")
     for decl in kernel.buffers:
         if decl.access not in ("read", "write", "readwrite"):
             raise VerifyError(f"kernel {kernel.name}: buffer @{decl.name} access must be read, "

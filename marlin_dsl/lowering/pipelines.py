@@ -15,6 +15,7 @@ from ..targets.base import Target
 from .multistage import MultistageLowering
 from .parts.context import GemmContext
 from .staged import DoubleBufferedLowering, FusedDequantLowering, StripedLowering
+from .warpgroup import WarpgroupLowering
 from .weight_stream import WeightStreamLowering
 
 
@@ -29,6 +30,7 @@ LOWERINGS: dict[str, Callable[[GemmContext], Lowering]] = {
     "striped": StripedLowering,
     "weight_stream": WeightStreamLowering,
     "multistage": MultistageLowering,
+    "warpgroup": WarpgroupLowering,
 }
 
 

@@ -4,7 +4,8 @@ docs/ARCHITECTURE.md for how to add one."""
 from .base import PIPELINES, Pipeline, ScheduleShape, register_pipeline
 from .multistage import Multistage
 from .seed import DoubleBuffered, FusedDequant, StripedKParallel
+from .warpgroup import Warpgroup
 from .weight_stream import WeightStream
 
 __all__ = ["DoubleBuffered", "FusedDequant", "Multistage", "PIPELINES", "Pipeline", "ScheduleShape",
-           "StripedKParallel", "WeightStream", "register_pipeline"]
+           "StripedKParallel", "Warpgroup", "WeightStream", "register_pipeline"]

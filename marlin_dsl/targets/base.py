@@ -31,6 +31,30 @@ class SparseMetadataFields(NamedTuple):
     slots: np.ndarray
 
 
+@dataclass(frozen=True)
+class SwizzledRows:
+    """A shared-memory tile of rows of `row_bytes` bytes, `atom_rows` rows an atom, the
+    16-byte chunk c of row r stored at chunk c ^ (r % atom_rows) (CUDA's 128-byte swizzle)."""
+
+    row_bytes: int
+    atom_rows: int
+    chunk_bytes: int = 16
+
+    @property
+    def align(self) -> int:
+        """Byte alignment of a tile: the swizzle acts on absolute addresses within an atom."""
+        return self.row_bytes * self.atom_rows
+
+    def element(self, row: np.ndarray, col: np.ndarray, elem_bytes: int) -> np.ndarray:
+        """Element index (from an aligned tile start) of logical element (row, col)."""
+        per_chunk = self.chunk_bytes // elem_bytes
+        per_row = self.row_bytes // elem_bytes
+        r = np.asarray(row, dtype=np.int64)
+        c = np.asarray(col, dtype=np.int64)
+        chunk = (c // per_chunk) ^ (r % self.atom_rows)
+        return r * per_row + chunk * per_chunk + c % per_chunk
+
+
 #: (role, rows, cols) of an MMA operand tile -> (row[lane, e], col[lane, e]) of the element
 #: each lane holds in register order.
 LaneTables = Mapping[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
@@ -69,6 +93,17 @@ class Target:
     sparse_activation_layout: str | None = None
     #: physical weight layouts (other than the format's own) that the target's kernels read
     weight_layouts: tuple[str, ...] = ()
+    #: (m, max n, k) of the warpgroup MMA (`wgmma` op: `warpgroup_warps` warps issue one
+    #: m x n x k product together, each warp its mma_m rows; A from registers in the MMA's A
+    #: layout, B read from shared memory in `warpgroup_b_layout`, the accumulator of each warp
+    #: its mma_m rows x n columns, whose lane table is `lane_elements("c", mma_m, n)`), or None
+    warpgroup_mma: tuple[int, int, int] | None = None
+    warpgroup_warps: int = 4
+    #: the shared-memory layout the warpgroup MMA reads B in: rows of `row_bytes` (one K tile
+    #: of `row_bytes` / element size elements per B column), atoms of `atom_rows` rows, the
+    #: 16-byte chunk c of row r stored at chunk c ^ (r % atom_rows); tiles aligned to
+    #: `row_bytes * atom_rows` bytes. None without a warpgroup MMA.
+    warpgroup_b_layout: "SwizzledRows | None" = None
 
     @property
     def mma_m(self) -> int:

@@ -54,7 +54,7 @@ The scalar semantics of the ALU ops are the op table's (`OpDef.evaluate`, ir/sem
 the rounding rules of ir/numerics.py), which the constant folder shares. The package: `machine.py` (the
 machine: masks, threadgroup memory with its race bookkeeping, async copies, the compiler of
 blocks to closures, and helpers the handlers share), and one module per op group of handlers
-(`alu.py`, `memory.py`, `fragments.py`, `control.py`), joined by `HANDLERS` here.
+(`alu.py`, `memory.py`, `fragments.py`, `warpgroup.py`, `control.py`), joined by `HANDLERS` here.
 """
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ from .control import _h_for, _h_if, _h_switch
 from .fragments import _h_frag_build, _h_frag_load, _h_frag_store, _h_frag_zero, _h_mma, _h_mma_sp
 from .machine import Fn, InterpreterError, _Machine, launch_size
 from .memory import (_h_async_commit, _h_async_copy, _h_async_wait, _h_atomic_add, _h_barrier,
-                     _h_fence, _h_frag_elems, _h_load, _h_store)
+                     _h_frag_elems, _h_load, _h_store)
+from .warpgroup import _h_fence, _h_wgmma, _h_wgmma_commit, _h_wgmma_fence, _h_wgmma_wait
 from ..numerics import round_bf16
 
 __all__ = ["HANDLERS", "InterpreterError", "launch_size", "round_bf16", "run_kernel"]
@@ -87,7 +88,8 @@ HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
     "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_build": _h_frag_build, "vec": _h_vec, "frag_store": _h_frag_store,
     "frag_elems": _h_frag_elems, "async_copy": _h_async_copy, "async_commit": _h_async_commit,
     "async_wait": _h_async_wait,
-    "mma": _h_mma, "mma_sp": _h_mma_sp, "for": _h_for, "if": _h_if, "switch": _h_switch,
+    "mma": _h_mma, "mma_sp": _h_mma_sp, "wgmma": _h_wgmma, "wgmma_fence": _h_wgmma_fence,
+    "wgmma_commit": _h_wgmma_commit, "wgmma_wait": _h_wgmma_wait, "for": _h_for, "if": _h_if, "switch": _h_switch,
 }
 
 

@@ -82,6 +82,11 @@ class _Shared:
         self.scratch = np.zeros(n, np.int64)
         self.scratch2 = np.zeros(n, np.int8)
         self.in_flight = np.zeros(n, bool)  # destination of an async_copy not yet waited for
+        #: the thread whose ordinary write of the element is not yet fenced for the async proxy
+        #: (fence async_proxy), -1 none: a wgmma must not read it (barriers do not clear it)
+        self.gen_writer = np.full(n, -1, np.int64)
+        #: wgmmas in flight reading the element (writes must wait for their wgmma_wait)
+        self.wg_reading = np.zeros(n, np.int32)
 
 
 Fn = Callable[[_Mask], None]
@@ -135,6 +140,11 @@ class _Machine:
         # async copies: per thread, the groups committed so far; per issued copy a record
         self.async_commits = np.zeros((G, T), np.int64)
         self.async_pending: list[_AsyncCopies] = []
+        # warpgroup MMAs: per warp the groups committed so far, whether a wgmma_fence opened
+        # the current batch, and the wgmmas in flight (interpret/warpgroup.py)
+        self.wg_commits = np.zeros((G, T // kernel.warp_size), np.int64)
+        self.wg_fenced = np.zeros((G, T // kernel.warp_size), bool)
+        self.wg_pending: list = []
         # thread coordinates
         tid = np.broadcast_to(np.arange(T, dtype=np.uint32), (G, T))
         g = np.arange(G)
@@ -351,6 +361,13 @@ class _Machine:
     def check_write(self, op: Op, op_id: int, sh: _Shared, flat: np.ndarray, gi: np.ndarray,
                     tid: np.ndarray, warp: np.ndarray, collective: bool) -> None:
         self.check_in_flight(op, sh, flat, gi, tid, "writes")
+        busy = sh.wg_reading[flat] > 0
+        if busy.any():
+            p = int(np.argmax(busy))
+            self.fail("async", op, f"writes shared @{sh.decl.name} element that a wgmma in flight "
+                      "reads (no wgmma_wait retired it)", int(gi[p]), int(tid[p]),
+                      index=int(flat[p] - gi[p] * sh.size))
+        sh.gen_writer[flat] = tid
         n = len(flat)
         if n > 1:  # two writes of one element within this op
             pos = np.arange(n)

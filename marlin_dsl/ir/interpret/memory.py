@@ -338,11 +338,3 @@ def _h_frag_elems(m: _Machine, op: Op) -> Fn:
         frag = regs[fa]  # [G, W, rows, cols]
         regs[r] = frag[:, :, rows, cols].reshape(G, T, rows.shape[1])
     return run
-
-
-def _h_fence(m: _Machine, op: Op) -> Fn:
-    def run(mask: _Mask) -> None:
-        pass
-    return run
-
-

@@ -210,8 +210,9 @@ class _IRTransformer(AttrTransformer):
 
     @v_args(meta=True)
     def shared_decl(self, meta: Any, children: list[Token]) -> _Item:
-        name, elem, size = children
-        return _Item("decl", meta.line, SharedArray(str(name)[1:], self._scalar(elem), int(size)))
+        name, elem, size, *align = children
+        return _Item("decl", meta.line, SharedArray(str(name)[1:], self._scalar(elem), int(size),
+                                                    *(int(a) for a in align)))
 
     @v_args(meta=True)
     def table_decl(self, meta: Any, children: list[Any]) -> _Item:

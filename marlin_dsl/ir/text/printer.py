@@ -115,7 +115,8 @@ def print_kernel(kernel: Kernel) -> str:
     lines.append("  grid [" + ", ".join(_grid_dim_text(d) for d in kernel.grid) + "]")
     lines += [f"  scalar {_symbol(s.name)}" for s in kernel.scalars]
     lines += [f"  buffer {_symbol(b.name)} : {b.elem} {b.access}" for b in kernel.buffers]
-    lines += [f"  shared {_symbol(s.name)} : {s.elem}[{int(s.size)}]" for s in kernel.shared]
+    lines += [f"  shared {_symbol(s.name)} : {s.elem}[{int(s.size)}]" + (f" align {s.align}" if s.align != 16 else "")
+              for s in kernel.shared]
     lines += [f"  table {_symbol(t.name)} : {t.elem}[{len(t.values)}] = {attr_value_text(tuple(t.values))}"
               for t in kernel.tables]
     lines.append("  body {")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import SparseMetadataFields, Target
+from ..base import SparseMetadataFields, SwizzledRows, Target
 from . import sparse_layout as sl
 
 
@@ -25,11 +25,24 @@ def _dense_lane_elements(role: str) -> tuple[np.ndarray, np.ndarray]:
     return g + 8 * reg + 0 * half, 2 * t + half + 0 * reg
 
 
+def _wide_c(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One warp's accumulator of wgmma m64nNk16 (PTX ISA 9.7.15.5, "Matrix fragment for
+    accumulator D"; targets/cuda/wgmma_layout.py `d_coords`, checked on an H100): its 16 rows x
+    n columns, register i at row g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1), i.e.
+    n / 8 m16n8 accumulators side by side."""
+    lane = np.arange(32)[:, None]
+    g, t = lane // 4, lane % 4
+    i = np.arange(n // 2)[None, :]
+    return g + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t + (i & 1)
+
+
 _LANE_TABLES = {
     ("a", 16, 16): _dense_lane_elements("a"),
     ("b", 16, 8): _dense_lane_elements("b"),
     ("c", 16, 8): _dense_lane_elements("c"),
     ("b", 32, 8): sl.b_coords(),  # the sparse m16n8k32's B (k x n)
+    # a warp's accumulator of the warpgroup MMA, n = 16 .. 256 (n = 8 is mma.sync's C above)
+    **{("c", 16, n): _wide_c(n) for n in range(16, 257, 8)},
 }
 
 _METADATA_TABLES = {sel: SparseMetadataFields(*sl.metadata_fields(sel)) for sel in (0, 1)}
@@ -45,4 +58,8 @@ CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_by
               sparse_mma=(sl.SPARSE_M, sl.SPARSE_N, sl.SPARSE_K), lane_tables=_LANE_TABLES,
               metadata_tables=_METADATA_TABLES, shared_row_pad_bytes=16, async_copy_bytes=16,
               sparse_idle_metadata=0x44444444, sparse_activation_layout="cuda_mma_sp",
-              weight_layouts=("lane_stream",))  # layouts/weight_stream.py LAYOUT_NAME
+              weight_layouts=("lane_stream",),  # layouts/weight_stream.py LAYOUT_NAME
+              # sm_90a: wgmma.mma_async m64nNk16 (N = 8..256), B from shared memory in
+              # 128-byte-swizzled rows (wgmma_layout.py, checked on an H100)
+              warpgroup_mma=(64, 256, 16), warpgroup_warps=4,
+              warpgroup_b_layout=SwizzledRows(row_bytes=128, atom_rows=8))

@@ -86,8 +86,11 @@ class MmaEmitters:
         return vec, int(src.attrs["index"])
 
     def op_frag_zero(self, op: Op, depth: int) -> None:
-        cuda_type(op.result.type)  # refuses a fragment type CUDA does not have
-        self.declare(depth, op.result, "mdsl::zero_c()")
+        spelled = cuda_type(op.result.type)  # refuses a fragment type CUDA does not have
+        t = op.result.type
+        assert isinstance(t, FragmentType)
+        self.declare(depth, op.result, f"mdsl::zero_cw<{t.cols}>()" if spelled.startswith("mdsl::frag_cw")
+                     else "mdsl::zero_c()")
 
     def op_frag_load(self, op: Op, depth: int) -> None:
         ops, a = self.refs(op), op.attrs
@@ -113,7 +116,8 @@ class MmaEmitters:
         assert isinstance(t, FragmentType)
         if t.role != "c":  # a and b fragments hold 16-bit pairs; only c's elements are needed
             raise CompileError(f"cuda: kernel {self.k.name}: frag_elems of {t}")
-        elems = ", ".join(f"{ops[0]}.x[{i}]" for i in range(4))
+        count = op.result.type.size if isinstance(op.result.type, VectorType) else 4
+        elems = ", ".join(f"{ops[0]}.x[{i}]" for i in range(count))
         self.declare(depth, op.result, f"{cuda_type(op.result.type)}{{{{{elems}}}}}")
 
     def op_async_copy(self, op: Op, depth: int) -> None:

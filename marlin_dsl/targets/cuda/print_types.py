@@ -42,10 +42,15 @@ def cuda_type(t: Type) -> str:
         if CUDA.sparse_mma is not None and t.role == "b" and ok_elem \
                 and (t.rows, t.cols) == (CUDA.sparse_mma[2], CUDA.sparse_mma[1]):
             return f"mdsl::frag_b32<{_SCALAR[t.elem.name]}>"  # B of the sparse m16n8k32
+        wg = CUDA.warpgroup_mma
+        if t.role == "c" and ok_elem and wg is not None and t.rows == mm and 8 < t.cols <= wg[1] \
+                and t.cols % 8 == 0:
+            return f"mdsl::frag_cw<{t.cols}>"  # a warp's accumulator of the warpgroup MMA
         if (t.rows, t.cols) != shapes[t.role] or not ok_elem:
             raise CompileError(f"cuda: fragments are the m16n8k16 operands frag<a, f16|bf16, 16x16>, "
                                f"frag<b, f16|bf16, 16x8> and frag<c, f32, 16x8> and the sparse "
-                               f"m16n8k32's frag<b, f16|bf16, 32x8>, not {t}")
+                               f"m16n8k32's frag<b, f16|bf16, 32x8>, and the warpgroup MMA's "
+                               f"frag<c, f32, 16xN>, not {t}")
         return "mdsl::frag_c" if t.role == "c" else f"mdsl::frag_{t.role}<{_SCALAR[t.elem.name]}>"
     raise CompileError(f"cuda: no spelling for type {t}")
 

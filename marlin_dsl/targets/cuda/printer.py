@@ -41,6 +41,7 @@ from ...ir.types import BF16, BOOL, F16, F32, I32, U32, ScalarType, Type, Vector
 from ..c_printer import CPrinter
 from .description import CUDA
 from .print_mma import MMA_EMITTERS, MmaEmitters
+from .print_wgmma import WGMMA_EMITTERS, WGMMA_OPS, WgmmaEmitters
 from .print_types import PAIR, bits_table, comment_value, cuda_type, f32_bits, is_pair, literal, zero
 from .source import CUDA_SCALAR as _SCALAR
 from .source import MLX_DEFAULT_HEADER, CudaSource
@@ -57,20 +58,30 @@ DYNAMIC_SHARED_NAME = "mdsl_smem"
 
 
 def shared_offsets(kernel: Kernel) -> list[int]:
-    """Byte offset of each shared array in the dynamic block (16-byte aligned, for vectors)."""
+    """Byte offset of each shared array in the dynamic block (16-byte aligned, for vectors, or
+    the array's own alignment where it asks for more)."""
     out, at = [], 0
     for s in kernel.shared:
+        at = -(-at // s.align) * s.align
         out.append(at)
         at += -(-s.nbytes // 16) * 16
     return out
 
 
+def shared_align(kernel: Kernel) -> int:
+    """The largest alignment a shared array asks for (16 at least)."""
+    return max([16, *(s.align for s in kernel.shared)])
+
+
 def dynamic_shared_bytes(kernel: Kernel) -> int:
-    """Dynamic shared memory a launch requests: 0 when the arrays fit statically."""
-    if kernel.shared_bytes <= STATIC_SHARED_BYTES or not kernel.shared:
+    """Dynamic shared memory a launch requests: 0 when the arrays fit statically. Arrays
+    aligned beyond 16 bytes always go in the dynamic block, whose start the kernel aligns at
+    run time (CUDA promises 16 bytes): the request includes that slack."""
+    align = shared_align(kernel)
+    if not kernel.shared or (kernel.shared_bytes <= STATIC_SHARED_BYTES and align <= 16):
         return 0
     last = kernel.shared[-1]
-    return shared_offsets(kernel)[-1] + -(-last.nbytes // 16) * 16
+    return shared_offsets(kernel)[-1] + -(-last.nbytes // 16) * 16 + (align - 16)
 
 
 _INDEX = {"tid": "threadIdx.x", "lane": "(threadIdx.x % 32u)", "warp": "(threadIdx.x / 32u)",
@@ -110,7 +121,7 @@ def prelude() -> str:
     return read_codegen_file("cuda_prelude.cuh")
 
 
-class _Printer(MmaEmitters, CPrinter):
+class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
     target = "cuda"
     target_title = "CUDA"
     index_type = "uint32_t"
@@ -362,7 +373,11 @@ class _Printer(MmaEmitters, CPrinter):
         self.emit(depth, "__syncthreads();" if op.attrs["scope"] == "threadgroup" else "__syncwarp();")
 
     def op_fence(self, op: Op, depth: int) -> None:
-        self.emit(depth, "__threadfence();" if op.attrs["scope"] == "device" else "__threadfence_block();")
+        scope = op.attrs["scope"]
+        if scope == "async_proxy":  # this thread's shared-memory writes, for wgmma (sm_90)
+            self.emit(depth, 'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");')
+            return
+        self.emit(depth, "__threadfence();" if scope == "device" else "__threadfence_block();")
 
     #: CUDA's legal ops: the shared C-family entries, these and the tensor-core ops of
     #: print_mma.py (every op of the IR).
@@ -377,6 +392,7 @@ class _Printer(MmaEmitters, CPrinter):
         "load": op_load, "vload": op_vload, "store": op_store, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         **MMA_EMITTERS,
+        **WGMMA_EMITTERS,
     }
 
     def wide_load(self, t: Type, buffer: str) -> bool:
@@ -426,14 +442,19 @@ class _Printer(MmaEmitters, CPrinter):
                                f"CUDA's is {CUDA.mma}")
         grid = ", ".join(str(d) for d in k.grid)
         self.emit(1, f"// {k.threads} threads per block, grid [{grid}] blocks")
-        if k.shared_bytes <= STATIC_SHARED_BYTES:
+        if not dynamic_shared_bytes(k):
             for s in k.shared:
                 self.emit(1, f"__shared__ __align__(16) {_SCALAR[s.elem.name]} {s.name}[{s.size}];")
         else:  # over the static limit: one dynamic block (MLX opts in), carved at 16-byte offsets
             self.emit(1, f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED_NAME}[];")
+            base, align = DYNAMIC_SHARED_NAME, shared_align(k)
+            if align > 16:  # the block's start aligned at run time (the launch asks for the slack)
+                base = f"{DYNAMIC_SHARED_NAME}_base"
+                self.emit(1, f"unsigned char* {base} = {DYNAMIC_SHARED_NAME} + (({align}u - (static_cast<uint32_t>("
+                             f"__cvta_generic_to_shared({DYNAMIC_SHARED_NAME})) & {align - 1}u)) & {align - 1}u);")
             for s, offset in zip(k.shared, shared_offsets(k)):
                 t = _SCALAR[s.elem.name]
-                self.emit(1, f"{t}* {s.name} = reinterpret_cast<{t}*>({DYNAMIC_SHARED_NAME} + {offset});")
+                self.emit(1, f"{t}* {s.name} = reinterpret_cast<{t}*>({base} + {offset});")
         for n in self.inout:
             t = _SCALAR[self.buffers[n].elem.name]
             self.emit(1, f"{t}* {self.access_name[n]} = const_cast<{t}*>({n});")
@@ -456,6 +477,8 @@ class _Printer(MmaEmitters, CPrinter):
         elems[DIMS_NAME] = "u32"
         attrs = {key: k.attrs[key] for key in ("target", "format", "schedule", "pipeline", "activation",
                                                "tile", "warps", "mma", "parallel", "k_warps", "weight_layout") if key in k.attrs}
+        if any(op.name in WGMMA_OPS for op in k.walk()):
+            attrs["cuda_arch"] = "sm_90a"  # wgmma exists only there (not in sm_90's PTX)
         return CudaSource(
             name=k.name, prelude=prelude(), declarations=self.declarations(), body=body,
             input_names=inputs, output_names=outputs, elems=elems, threads=k.threads,

@@ -1,0 +1,267 @@
+"""The warpgroup (wgmma, sm_90a) GEMM kernels on an H100: correctness and speed, in one run.
+
+Two steps, because the GPU machine has no package index:
+
+1. Here (the whole compiler, nvcc): `python bench/warpgroup_gpu.py prepare DIR` lowers and
+   prints every kernel of the run, compiles each printed translation unit with nvcc for
+   sm_90a to a cubin (wgmma exists only there) and writes DIR/<kernel>.json (the printed
+   `CudaSource`: what the launcher needs) and DIR/<kernel>.cubin. The multistage kernels of
+   the same formats (the mma.sync pipeline they replace at large M) go in as well.
+2. On the GPU machine (MLX with its CUDA backend, numpy):
+   `PYTHONPATH=/tmp/site:$PWD python3 bench/warpgroup_gpu.py run DIR --out $OUT`
+   launches each cubin with `mx.fast.precompiled_cuda_kernel` (MLX's `cuda_kernel` compiles
+   for plain sm_90) and each multistage kernel with `mx.fast.cuda_kernel`.
+
+Correctness: fresh random weights and activations per check (standard normal), outputs
+poisoned with NaN, relative Frobenius error against the float64 reference
+(`marlin_dsl.reference_matmul`) within `kernel_check.REL_TOL`; any NaN left fails. Shapes:
+M = 1, 3, 65, 129, 300, 2048 with N and K tails.
+Speed (M = 256 .. 2048 on 4096 x 4096, 4096 x 14336, 14336 x 4096): median seconds per
+launch of back-to-back launches rotating over weight copies (`benchmarks.timing`), with
+fp16 `mx.matmul`, MLX 4-bit `mx.quantized_matmul` (group 64) and the multistage kernel in
+the same process. A table is printed last; DIR/results.json under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+FORMATS = ("fp4", "int4", "uint4_zp", "nf4")
+ACTS = ("f16", "bf16")
+#: (name, tile_m, warps_n, stages, depth): the schedules timed (the first is checked everywhere)
+SCHEDULES = (("wg128x128s4", 128, 8, 4, 1), ("wg256x128s4", 256, 8, 4, 1), ("wg256x128s3", 256, 8, 3, 1),
+             ("wg128x128s5d2", 128, 8, 5, 2), ("wg128x64s4", 128, 4, 4, 1), ("wg256x64s4", 256, 4, 4, 1))
+CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
+                (300, 4096, 4096 + 128), (2048, 4096, 4096))
+TIME_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
+TIME_MS = (256, 512, 2048)
+REL_TOL = {"f16": 2e-3, "bf16": 1.6e-2}  # marlin_dsl.checks.kernel_check.REL_TOL
+
+
+def kernel_specs():
+    """(kernel name, format, activation, schedule) of every kernel of the run."""
+    import marlin_dsl as md
+
+    out = []
+    for fmt_name in FORMATS:
+        fmt = md.builtin_format(fmt_name)
+        for act in ACTS:
+            scheds = SCHEDULES if (fmt_name, act) == ("fp4", "f16") else SCHEDULES[:1]
+            for name, tm, wn, st, depth in scheds:
+                s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=md.tuned_schedule(fmt, 1).tile_k,
+                                warps_m=1, warps_n=wn, pipeline=md.Warpgroup(stages=st, depth=depth))
+                out.append((f"{fmt_name}_{act}_{name}", fmt, act, s))
+        out.append((f"{fmt_name}_f16_multistage", fmt, "f16", md.multistage_schedule(fmt, 2048)))
+    return out
+
+
+def prepare(out_dir: Path) -> int:
+    import marlin_dsl as md
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
+    from marlin_dsl.targets.cuda.nvcc import find_nvcc
+    from marlin_dsl.targets.cuda.printer import print_cuda
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        print("nvcc not found", file=sys.stderr)
+        return 3
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index = []
+    for name, fmt, act, sched in kernel_specs():
+        kernel = compile_gemm(md.Gemm(name, fmt, sched, act), md.CUDA).kernel
+        src = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
+        entry = {"name": name, "format": fmt.name, "act": act, "schedule": sched.name,
+                 "pipeline": sched.pipeline.kind, "source": src.to_json()}
+        if src.attrs.get("cuda_arch") == "sm_90a":
+            cu = out_dir / f"{name}.cu"
+            cu.write_text(src.full_source(name=name))
+            res = subprocess.run([nvcc, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
+                                  "-o", str(out_dir / f"{name}.cubin"), str(cu), "-Xptxas", "-v"],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                print(res.stderr, file=sys.stderr)
+                return 1
+            regs = [ln.strip() for ln in res.stderr.splitlines() if "registers" in ln or "C75" in ln]
+            entry["ptxas"] = regs
+            cu.unlink()
+            print(name, *regs)
+        (out_dir / f"{name}.json").write_text(json.dumps(entry))
+        index.append(name)
+    (out_dir / "index.json").write_text(json.dumps(index))
+    return 0
+
+
+# ----- on the GPU -----------------------------------------------------------------------------
+
+class Precompiled:
+    """A cubin launched with mx.fast.precompiled_cuda_kernel (inputs, then outputs)."""
+
+    def __init__(self, source, cubin: bytes, name: str) -> None:
+        self.source, self.cubin, self.name = source, cubin, name
+
+    def __call__(self, mx, inputs, shapes, dtypes, scalars, init_value):
+        s = self.source
+        grid, tg = s.launch_dims(scalars)
+        return mx.fast.precompiled_cuda_kernel(
+            name=self.name, compiled_source=self.cubin, inputs=inputs, output_shapes=shapes,
+            output_dtypes=dtypes, scalars=[], grid=grid, threadgroup=tg,
+            shared_memory=s.dynamic_shared_bytes, init_value=init_value)
+
+
+def run(kdir: Path, out: Path | None) -> int:
+    import mlx.core as mx
+
+    import marlin_dsl as md
+    from marlin_dsl.benchmarks.timing import copies_for, kernel_time
+    from marlin_dsl.checks.format_check import sample_weights
+    from marlin_dsl.kernel_args import physical_arrays
+    from marlin_dsl.targets.cuda.launch import build_cuda_kernel
+    from marlin_dsl.targets.cuda.source import CudaSource
+
+    log_lines: list[str] = []
+
+    def log(*parts) -> None:
+        line = " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        log_lines.append(line)
+
+    results = {"device": None, "date": _dt.date.today().isoformat(), "checks": [], "times": [],
+               "python": platform.python_version(), "mlx": mx.__version__}
+    try:
+        import subprocess as sp
+        results["device"] = sp.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                   capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    log("device:", results["device"], "mlx", mx.__version__)
+    names = json.loads((kdir / "index.json").read_text())
+    entries = {n: json.loads((kdir / f"{n}.json").read_text()) for n in names}
+    mxd = {"f16": mx.float16, "bf16": mx.bfloat16}
+    rng = np.random.default_rng(20261125)
+    launchers = {}
+    for n, e in entries.items():
+        src = CudaSource.from_json(e["source"])
+        if (kdir / f"{n}.cubin").exists():
+            launchers[n] = ("pre", src, Precompiled(src, (kdir / f"{n}.cubin").read_bytes(), n))
+        else:
+            launchers[n] = ("jit", src, build_cuda_kernel(src, name=f"{n}_{src.digest[:12]}"))
+
+    def launch(n, arrays, x, m, k, nn, poison=True):
+        kind, src, obj = launchers[n]
+        scalars = {"M": m, "N": nn, "K": k}
+        if kind == "jit":
+            from marlin_dsl.targets.cuda.launch import CudaWeights
+            return obj(CudaWeights(arrays, (k, nn)), x, poison=poison)
+        inputs = [x if nm == "x" else mx.array(src.dims(scalars)) if nm == "dims" else arrays[nm]
+                  for nm in src.input_names]
+        outs = obj(mx, inputs, [(m, nn)], [mxd[entries[n]["act"]]], scalars, float("nan") if poison else None)
+        return outs[0]
+
+    def device_arrays(src, packed):
+        arrays = physical_arrays(src.attrs, packed)
+        return {nm: mx.array(np.ascontiguousarray(arrays[nm]).ravel()) for nm in src.input_names
+                if nm not in ("x", "dims")}
+
+    failures = 0
+    # ----- correctness
+    for n, e in entries.items():
+        if e["pipeline"] != "warpgroup":
+            continue
+        fmt = md.builtin_format(e["format"])
+        shapes = CHECK_SHAPES if e["schedule"] == SCHEDULES[0][0] else CHECK_SHAPES[-2:]
+        for (m, nn, k) in shapes:
+            try:
+                packed = md.pack(fmt, sample_weights(fmt, k, nn, rng))
+                x = rng.standard_normal((m, k))
+                xa = mx.array(x.astype(np.float32)).astype(mxd[e["act"]])
+                xr = np.array(xa.astype(mx.float32)).astype(np.float64)
+                y = launch(n, device_arrays(launchers[n][1], packed), xa, m, k, nn)
+                y = np.array(y.astype(mx.float32)).astype(np.float64)
+                ref = md.reference_matmul(xr, packed)
+                nan = int(np.isnan(y).sum())
+                err = float(np.linalg.norm(np.nan_to_num(y) - ref) / np.linalg.norm(ref))
+                ok = nan == 0 and err <= REL_TOL[e["act"]]
+            except Exception as ex:  # noqa: BLE001 - report and go on
+                ok, err, nan = False, float("nan"), -1
+                log("ERROR", n, (m, nn, k), repr(ex))
+                traceback.print_exc()
+            failures += not ok
+            results["checks"].append({"kernel": n, "shape": [m, nn, k], "rel_error": err, "nan": nan, "ok": ok})
+            log(f"check {n:28s} M={m:5d} N={nn:6d} K={k:6d} rel {err:.2e} nan {nan} {'ok' if ok else 'FAIL'}")
+    # ----- speed
+    for k, nn in TIME_KN:
+        wf = rng.standard_normal((k, nn)).astype(np.float32)
+        w16 = mx.array(wf.T).astype(mx.float16)  # [N, K] for x @ w.T
+        qw, qs, qb = mx.quantize(w16, group_size=64, bits=4)
+        packed = md.pack(md.builtin_format("fp4"), wf)
+        some = next(n for n, e in entries.items() if e["format"] == "fp4" and e["act"] == "f16")
+        # every fp4 kernel here reads the same physical layout (lane_stream): one set of copies
+        copies = [device_arrays(launchers[some][1], packed) for _ in range(copies_for(k * nn // 2))]
+        mx.eval(*[a for c in copies for a in c.values()])
+        for m in TIME_MS:
+            x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(mx.float16)
+            mx.eval(x, w16, qw, qs, qb)
+            row = {"M": m, "N": nn, "K": k}
+            t = kernel_time(mx, lambda i: mx.matmul(x, w16.T), 5)
+            row["fp16_us"] = t.per_launch_s * 1e6
+            t = kernel_time(mx, lambda i: mx.quantized_matmul(x, qw, qs, qb, transpose=True, group_size=64, bits=4), 5)
+            row["mlx4_us"] = t.per_launch_s * 1e6
+            for n, e in entries.items():
+                if e["act"] != "f16" or e["format"] != "fp4":
+                    continue
+                try:
+                    t = kernel_time(mx, lambda i: launch(n, copies[i % len(copies)], x, m, k, nn, poison=False), 5)
+                    row[e["schedule"] + "_us"] = t.per_launch_s * 1e6
+                except Exception as ex:  # noqa: BLE001
+                    log("ERROR timing", n, repr(ex))
+                    row[e["schedule"] + "_us"] = None
+            results["times"].append(row)
+        del copies
+            cols = " ".join(f"{key[:-3]}={v:.1f}" for key, v in row.items() if key.endswith("_us") and v)
+            log(f"time M={m} N={nn} K={k}: {cols}")
+    # ----- table
+    log("\nwarpgroup speed (us per launch; x = fp16 time / kernel time):")
+    for row in results["times"]:
+        best = min((v, key) for key, v in row.items() if key.startswith("wg") and v)
+        log(f"  M={row['M']:5d} {row['K']}x{row['N']}: fp16 {row['fp16_us']:.1f}  mlx4 {row['mlx4_us']:.1f}  "
+            f"multistage {row.get('multistage_large_us') or row.get('multistage_small_us') or 0:.1f}  "
+            f"best wg {best[0]:.1f} ({best[1][:-3]}, {row['fp16_us'] / best[0]:.2f}x fp16)")
+    log(f"correctness: {sum(c['ok'] for c in results['checks'])}/{len(results['checks'])} ok")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "warpgroup_results.json").write_text(json.dumps(results, indent=1))
+        (out / "warpgroup.log").write_text("\n".join(log_lines) + "\n")
+    return 1 if failures else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("dir", type=Path)
+    r = sub.add_parser("run")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    t = time.time()
+    rc = prepare(a.dir) if a.cmd == "prepare" else run(a.dir, a.out)
+    print(f"({time.time() - t:.0f} s)")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Type rules of the tensor-core and asynchronous ops (fragments, MMAs, asynchronous copies,
+the warpgroup MMA): each takes (op, kernel) and returns an error message or None. The op table
+(`ops.py`) names them; rules that need a target's tables look it up by the kernel's `target`
+attribute."""
+from __future__ import annotations
+
+from .core import BufferParam, Kernel, Op, SharedArray
+from .types import BF16, BOOL, F16, F32, U32, FragmentType, VectorType
+
+
+def _frag_build(op: Op, kernel: Kernel) -> str | None:
+    from ..targets.base import TARGETS
+
+    t = op.result.type
+    if not isinstance(t, FragmentType):
+        return "frag_build gives a fragment"
+    target = TARGETS.get(str(kernel.attrs.get("target")))
+    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
+    if layout is None:
+        return (f"frag_build needs the lane layout of {t} on the kernel's target "
+                f"{kernel.attrs.get('target')!r}, which declares none")
+    count = 0
+    for v in op.operands:
+        vt = v.type
+        if vt == t.elem:
+            count += 1
+        elif isinstance(vt, VectorType) and vt.elem == t.elem:
+            count += vt.size
+        else:
+            return f"frag_build of {t} takes {t.elem} scalars or vectors, got {vt}"
+    per_lane = layout[0].shape[1]
+    return None if count == per_lane else f"a lane holds {per_lane} elements of {t}, got {count}"
+
+
+def _frag_load(op: Op, kernel: Kernel) -> str | None:
+    err = _memory_name(op, kernel)
+    t = op.result.type
+    if err or not isinstance(t, FragmentType) or t.role not in ("a", "b"):
+        return err or "frag_load gives an a or b fragment"
+    if kernel.symbol(str(op.attrs["buffer"])).elem != t.elem:  # type: ignore[union-attr]
+        return f"frag_load of {t} from a buffer of another element type"
+    return None if op.operands[0].type == U32 else "fragment offset must be u32"
+
+
+def _frag_store(op: Op, kernel: Kernel) -> str | None:
+    err = _memory_name(op, kernel)
+    t = op.operands[0].type
+    if err or not isinstance(t, FragmentType) or t.role != "c":
+        return err or "frag_store takes a c fragment"
+    decl = kernel.symbol(str(op.attrs["buffer"]))
+    if isinstance(decl, BufferParam) and decl.access == "read":
+        return f"frag_store to read-only buffer @{decl.name}"
+    return None if op.operands[1].type == U32 else "fragment offset must be u32"
+
+
+def _async_copy(op: Op, kernel: Kernel) -> str | None:
+    try:
+        dst, src = kernel.symbol(str(op.attrs["dst"])), kernel.symbol(str(op.attrs["src"]))
+    except KeyError as e:
+        return f"unknown memory @{e.args[0]}"
+    if not isinstance(dst, SharedArray):
+        return f"async_copy writes a shared array, @{dst.name} is not one"
+    if not isinstance(src, BufferParam):
+        return f"async_copy reads a device buffer, @{src.name} is not one"
+    if dst.elem != src.elem:
+        return f"async_copy from @{src.name} ({src.elem}) to @{dst.name} ({dst.elem}): element types differ"
+    size = op.attrs["size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size * dst.elem.bits not in (32, 64, 128):
+        return f"async_copy moves 4, 8 or 16 bytes: size {size!r} of {dst.elem} is not"
+    if any(v.type != U32 for v in op.operands[:2]):
+        return "async_copy indices (shared, device) must be u32"
+    if len(op.operands) > 2 and op.operands[2].type != BOOL:
+        return "predicate must be bool"
+    return None
+
+
+def _async_wait(op: Op, _: Kernel) -> str | None:
+    n = op.attrs["pending"]
+    return None if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 7 else \
+        f"async_wait pending must be an integer 0..7, got {n!r}"
+
+
+def _frag_elems(op: Op, kernel: Kernel) -> str | None:
+    from ..targets.base import TARGETS
+
+    t = op.operands[0].type
+    if not isinstance(t, FragmentType):
+        return "frag_elems takes a fragment"
+    target = TARGETS.get(str(kernel.attrs.get("target")))
+    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
+    if layout is None:
+        return (f"frag_elems needs the lane layout of {t} on the kernel's target "
+                f"{kernel.attrs.get('target')!r}, which declares none")
+    want = VectorType(t.elem, int(layout[0].shape[1]))
+    return None if op.result.type == want else f"frag_elems of {t} gives {want}, not {op.result.type}"
+
+
+def _memory_name(op: Op, kernel: Kernel) -> str | None:
+    try:
+        decl = kernel.symbol(str(op.attrs["buffer"]))
+    except KeyError:
+        return f"unknown buffer @{op.attrs['buffer']}"
+    return None if isinstance(decl, (BufferParam, SharedArray)) else f"@{decl.name} is not memory"
+
+
+def _frag_zero(op: Op, _: Kernel) -> str | None:
+    t = op.result.type
+    return None if isinstance(t, FragmentType) and t.role == "c" else "frag_zero gives a c fragment"
+
+
+def _mma(op: Op, _: Kernel) -> str | None:
+    a, b, c = (v.type for v in op.operands)
+    if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):
+        return "mma takes fragments"
+    if (a.role, b.role, c.role) != ("a", "b", "c"):
+        return "mma operands are (a, b, c) fragments"
+    if a.cols != b.rows or a.rows != c.rows or b.cols != c.cols or a.elem != b.elem:
+        return f"mma shapes do not chain: {a} x {b} + {c}"
+    return None if op.result.type == c else "mma result must have the accumulator's type"
+
+
+def _mma_sp(op: Op, kernel: Kernel) -> str | None:
+    from ..targets.base import TARGETS
+
+    a, b, c, meta = (v.type for v in op.operands)
+    if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):
+        return "mma_sp takes (a, b, c) fragments and a u32 metadata word"
+    if (a.role, b.role, c.role) != ("a", "b", "c"):
+        return "mma_sp operands are (a, b, c) fragments and a u32 metadata word"
+    if meta != U32:
+        return f"mma_sp metadata must be u32 (each lane's own word), got {meta}"
+    if b.rows != 2 * a.cols or a.rows != c.rows or b.cols != c.cols:
+        return f"mma_sp shapes do not chain: compressed {a} (k = 2 x {a.cols}) x {b} + {c}"
+    if a.elem != b.elem:
+        return f"mma_sp a and b must share one element type, got {a} and {b}"
+    if a.elem not in (F16, BF16) or c.elem != F32:
+        return f"mma_sp takes f16 or bf16 a and b with an f32 accumulator, got {a}, {b}, {c}"
+    selector = op.attrs.get("selector")
+    if isinstance(selector, bool) or selector not in (0, 1):
+        return f"mma_sp selector must be 0 or 1, got {selector!r}"
+    target = TARGETS.get(str(kernel.attrs.get("target")))
+    shape = (a.rows, b.cols, b.rows)
+    if target is None or target.sparse_mma != shape:
+        have = target.sparse_mma if target is not None else None
+        return (f"mma_sp of shape m{shape[0]}n{shape[1]}k{shape[2]} needs a target with that sparse "
+                f"MMA; the kernel's target {kernel.attrs.get('target')!r} has {have}")
+    return None if op.result.type == c else "mma_sp result must have the accumulator's type"
+
+
+# ----- the warpgroup MMA (wgmma) ----------------------------------------------------------------
+
+def _target(kernel: Kernel):
+    from ..targets.base import TARGETS
+
+    return TARGETS.get(str(kernel.attrs.get("target")))
+
+
+def _wgmma(op: Op, kernel: Kernel) -> str | None:
+    a, off, c = (v.type for v in op.operands)
+    target = _target(kernel)
+    wg = target.warpgroup_mma if target is not None else None
+    if wg is None or target is None or target.warpgroup_b_layout is None:
+        return (f"wgmma needs a target with a warpgroup MMA; the kernel's target "
+                f"{kernel.attrs.get('target')!r} has none")
+    _, max_n, k = wg
+    if not (isinstance(a, FragmentType) and a.role == "a" and (a.rows, a.cols) == (target.mma_m, k)
+            and a.elem in (F16, BF16)):
+        return f"wgmma a is this warp's frag<a, f16|bf16, {target.mma_m}x{k}>, got {a}"
+    if not (isinstance(c, FragmentType) and c.role == "c" and c.elem == F32 and c.rows == target.mma_m
+            and 8 <= c.cols <= max_n and c.cols % 8 == 0):
+        return f"wgmma c is this warp's frag<c, f32, {target.mma_m}xN>, N a multiple of 8 up to {max_n}, got {c}"
+    if off != U32:
+        return f"wgmma b offset (elements of @{op.attrs.get('smem')}) must be u32, got {off}"
+    try:
+        decl = kernel.symbol(str(op.attrs["smem"]))
+    except KeyError:
+        return f"unknown shared array @{op.attrs['smem']}"
+    if not isinstance(decl, SharedArray) or decl.elem != a.elem:
+        return f"wgmma reads b from a shared array of {a.elem}; @{decl.name} is not one"
+    align = target.warpgroup_b_layout.align
+    if decl.align < align:
+        return f"wgmma reads @{decl.name} in swizzled rows: it must be aligned to {align} bytes, not {decl.align}"
+    group = target.warpgroup_warps * kernel.warp_size
+    if kernel.threads % group:
+        return f"wgmma is issued by warpgroups of {group} threads; the kernel has {kernel.threads}"
+    return None if op.result.type == c else "wgmma result must have the accumulator's type"
+
+
+def _wgmma_fence(op: Op, _: Kernel) -> str | None:
+    bad = [str(v.type) for v in op.operands if not isinstance(v.type, FragmentType)]
+    return f"wgmma_fence fences fragments (registers a wgmma reads), got {bad}" if bad else None
+
+
+def _wgmma_wait(op: Op, _: Kernel) -> str | None:
+    n = op.attrs["pending"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 7:
+        return f"wgmma_wait pending must be an integer 0..7, got {n!r}"
+    c = op.operands[0].type
+    if not (isinstance(c, FragmentType) and c.role == "c"):
+        return f"wgmma_wait's first operand is the accumulator it makes readable, got {c}"
+    bad = [str(v.type) for v in op.operands[1:] if not isinstance(v.type, FragmentType)]
+    if bad:
+        return f"wgmma_wait keeps fragments (a wgmma's a operands) alive, got {bad}"
+    return None if op.result.type == c else "wgmma_wait result must have the accumulator's type"
+
+
+def warpgroup_chains(ops: list[Op]) -> str | None:
+    """The rules that make a wgmma's asynchrony explicit in SSA form, over all ops of a kernel:
+    a wgmma's result is read only as the accumulator of the next wgmma or of a wgmma_wait (its
+    registers are undefined until the wait), and the wait keeps every a operand of the chain of
+    wgmmas it ends alive (the hardware reads them until it completes)."""
+    producer = {id(r): o for o in ops for r in o.results}
+    for o in ops:
+        for i, v in enumerate(o.operands):
+            src = producer.get(id(v))
+            if src is None or src.name != "wgmma":
+                continue
+            if not ((o.name == "wgmma" and i == 2) or (o.name == "wgmma_wait" and i == 0)):
+                return (f"%{v.name}, the accumulator of a wgmma, is read by {o.name} (operand {i}) "
+                        "before a wgmma_wait: its registers are undefined until then")
+        if o.name != "wgmma_wait":
+            continue
+        kept = {id(v) for v in o.operands[1:]}
+        src = producer.get(id(o.operands[0]))
+        while src is not None and src.name == "wgmma":
+            if id(src.operands[0]) not in kept:
+                return (f"wgmma_wait -> %{o.result.name} does not keep %{src.operands[0].name} alive, "
+                        f"the a operand of the wgmma giving %{src.result.name}")
+            src = producer.get(id(src.operands[2]))
+    return None

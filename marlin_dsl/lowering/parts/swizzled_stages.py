@@ -1,0 +1,102 @@
+"""Operand source of the warpgroup pipeline: each K step's activation tile copied into
+shared-memory stages asynchronously, as the rows the warpgroup MMA reads its B from (the
+target's swizzled rows, `Target.warpgroup_b_layout`), with the K positions in the order the
+weight layout uses (`StreamLayout.k_perm`: MMA K position p of a step holds original offset
+k_perm[p]).
+
+Copies move `granule` activations at a time: the largest run (up to the target's widest
+asynchronous copy) that the K order keeps together, so each copy lands in one place. With
+Marlin's K shuffle runs of 2 stay together (4-byte copies); without it whole 16-byte chunks do.
+Rows past M and positions past K are zero-filled (predicated copies). Needs the stream setup
+(`stream_family.py`) and `x_stage`, `n_stages`, `row` of the lowering."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import CompileError
+from ...ir import U32, ConstTable, Value
+from .context import GemmParts
+
+
+def k_positions(k_perm: np.ndarray | None, chunk: int) -> np.ndarray:
+    """pos[o]: the MMA K position of original offset o within a chunk (the inverse order)."""
+    if k_perm is None:
+        return np.arange(chunk)
+    pos = np.empty(chunk, dtype=np.int64)
+    pos[np.asarray(k_perm)] = np.arange(chunk)
+    return pos
+
+
+def copy_granule(pos: np.ndarray, widest: int) -> int:
+    """The largest power of two g <= widest such that every aligned run of g original offsets
+    lands on g consecutive positions starting at a multiple of g."""
+    g = widest
+    while g > 1:
+        runs = pos.reshape(-1, g)
+        if ((runs[:, 0] % g == 0) & (np.diff(runs, axis=1) == 1).all(axis=1)).all():
+            return g
+        g //= 2
+    return 1
+
+
+class SwizzledStages(GemmParts):
+    """Copies of the activation tile into the swizzled stages, and the B offsets of a stage."""
+
+    def init_swizzled(self) -> None:
+        """The copy granule and the position table (no IR emitted)."""
+        layout = self.target.warpgroup_b_layout
+        elem_bytes = self.act.bits // 8
+        self.row = layout.row_bytes // elem_bytes
+        self.per_chunk = layout.chunk_bytes // elem_bytes
+        self.atom_rows = layout.atom_rows
+        chunk = self.layout.dense_chunk
+        if chunk != self.row:
+            raise CompileError(f"warpgroup: a K step of {chunk} does not fill one swizzled row of {self.row}")
+        self.x_pos = k_positions(self.layout.k_perm, chunk)
+        granule_k = self.fmt.k_granule & -self.fmt.k_granule  # K is a multiple of this
+        widest = max(1, min(self.target.async_copy_bytes // elem_bytes, granule_k, self.per_chunk))
+        self.granule = copy_granule(self.x_pos, widest)
+        if self.granule * elem_bytes < 4:
+            raise CompileError(f"warpgroup: format {self.fmt.name!r} keeps no 4-byte run of K together "
+                               "(asynchronous copies move 4, 8 or 16 bytes)")
+        self.per_row = chunk // self.granule
+
+    def swizzled_tables(self) -> list[ConstTable]:
+        """x_pos[c]: the MMA position of the step's copy piece c (original offset c * granule)."""
+        return [ConstTable("x_pos", U32, tuple(int(p) for p in self.x_pos[::self.granule]))]
+
+    def issue_x(self, kv: Value) -> None:
+        """Start the copies of step kv's activation tile into slot kv % stages, as one group."""
+        b, s = self.b, self.s
+        slot = self.op2("rem", kv, self.n_stages, hint="slot")
+        chunk = self.layout.dense_chunk
+        k_step0 = self.op2("mul", kv, chunk, hint="kx")
+        base = self.op2("mul", slot, self.x_stage, hint="xs")
+
+        def piece(e: Value, inside: Value | None) -> None:
+            r, c = self.op2("div", e, self.per_row, hint="r"), self.op2("rem", e, self.per_row, hint="c")
+            p = b.value("table", [c], U32, {"name": "x_pos"}, hint="xp")
+            # element of (row r, position p) in the swizzled rows: chunk p / per_chunk of row r
+            # is stored at chunk (p / per_chunk) ^ (r % atom_rows)
+            swz = self.op2("xor", self.op2("div", p, self.per_chunk, hint="ch"),
+                           self.op2("rem", r, self.atom_rows, hint="ch"), hint="ch")
+            col = self.op2("add", self.op2("mul", swz, self.per_chunk, hint="xd"),
+                           self.op2("rem", p, self.per_chunk, hint="xd"), hint="xd")
+            dst = self.op2("add", base, self.op2("add", self.op2("mul", r, self.row, hint="xd"), col, hint="xd"), hint="xd")
+            m = self.op2("add", self.m0, r, hint="m")
+            k = self.op2("add", k_step0, self.op2("mul", c, self.granule, hint="kc"), hint="k")
+            ok = self.op2("and", self.op2("lt", m, self.M, hint="mok"), self.op2("lt", k, self.K, hint="kok"), hint="xok")
+            src = self.op2("add", self.op2("mul", m, self.K, hint="xi"), k, hint="xi")
+            self.async_copy(dst, src, ok, "x_s", "x", self.granule, inside)
+
+        self.per_thread(s.tile_m * self.per_row, piece)
+        b.op("async_commit")
+
+    def b_offset(self, slot: Value, tile: int) -> Value:
+        """The element offset of K tile `tile` of stage `slot`: the stage's start plus the
+        tile's columns (the instruction reads its k columns from there in every row)."""
+        base = self.op2("mul", slot, self.x_stage, hint="xb")
+        return self.op2("add", base, tile * self.wg_k, hint="xb") if tile else base
+
+
+__all__ = ["SwizzledStages", "copy_granule", "k_positions"]
