@@ -230,9 +230,9 @@ def run(kdir: Path, out: Path | None) -> int:
                     log("ERROR timing", n, repr(ex))
                     row[e["schedule"] + "_us"] = None
             results["times"].append(row)
-        del copies
             cols = " ".join(f"{key[:-3]}={v:.1f}" for key, v in row.items() if key.endswith("_us") and v)
             log(f"time M={m} N={nn} K={k}: {cols}")
+        del copies
     # ----- table
     log("\nwarpgroup speed (us per launch; x = fp16 time / kernel time):")
     for row in results["times"]:
