@@ -60,6 +60,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         b = self.b
         stages, depth = self.n_stages, self.depth
         self.stream_setup(("lane", "warp", "tid"), "wm", "wt", clamp=False)
+        self.setup_copies()
         for step in range(stages - 1):  # prologue: the first stages-1 tiles in flight
             self.issue_x(self.c(step))
         fetched = [self.fetch(self.c(d)) for d in range(depth + 1)]

@@ -69,10 +69,11 @@ class AsyncStages(GemmParts):
 
         self.per_thread(self.block_tiles * lanes, piece)
 
-    def async_copy(self, dst: Value, src: Value, pred: Value, shared: str, buffer: str, size: int,
+    def async_copy(self, dst: Value, src: Value, pred: Value | None, shared: str, buffer: str, size: int,
                    inside: Value | None) -> None:
-        def copy() -> None:
-            self.b.op("async_copy", [dst, src, pred], attrs={"dst": shared, "src": buffer, "size": size})
+        def copy() -> None:  # pred None: the source always exists
+            operands = [dst, src] if pred is None else [dst, src, pred]
+            self.b.op("async_copy", operands, attrs={"dst": shared, "src": buffer, "size": size})
 
         if inside is None:
             copy()

@@ -61,5 +61,15 @@ class Emitter:
             op.regions.append(other)
             b.yield_()
 
+    def branch(self, cond: Value, then: Callable[[], None], other: Callable[[], None]) -> None:
+        """if (cond) { then() } else { other() } with no results."""
+        b = self.b
+        op = b.op("if", [cond], [])
+        for emit_region in (then, other):
+            with b.region() as region:
+                op.regions.append(region)
+                emit_region()
+                b.yield_()
+
 
 __all__ = ["Emitter"]

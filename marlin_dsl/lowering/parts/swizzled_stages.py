@@ -65,24 +65,88 @@ class SwizzledStages(GemmParts):
         """x_pos[c]: the MMA position of the step's copy piece c (original offset c * granule)."""
         return [ConstTable("x_pos", U32, tuple(int(p) for p in self.x_pos[::self.granule]))]
 
+    def setup_copies(self) -> None:
+        """The copy mapping's per-thread parts, emitted once before the K loop. Piece e =
+        i * threads + tid of a step is (row e / per_row, piece c = e % per_row). Where a pass of
+        the threads covers whole swizzle atoms (threads / per_row rows, a multiple of the atom),
+        every pass of a thread has the same piece c and the same row phase, so its destination
+        and source are one base plus a constant per pass (`regular`); otherwise each piece is
+        computed in full (`issue_x` generic path)."""
+        s = self.s
+        pieces = s.tile_m * self.per_row
+        self.passes = -(-pieces // self.threads)
+        self.regular = (self.threads % self.per_row == 0 and pieces % self.threads == 0
+                        and (self.threads // self.per_row) % self.atom_rows == 0)
+        if not self.regular:
+            return
+        self.rows_per_pass = self.threads // self.per_row
+        row0 = self.op2("div", self.tid, self.per_row, hint="xr")
+        c = self.op2("rem", self.tid, self.per_row, hint="xc")
+        self.x_dst0 = self.swizzled_index(row0, c)
+        self.x_kc = self.op2("mul", c, self.granule, hint="kc")
+        self.x_row0 = self.op2("add", self.m0, row0, hint="xm")
+        self.x_src0 = self.op2("add", self.op2("mul", self.x_row0, self.K, hint="xi"), self.x_kc, hint="xi")
+        self.x_pass_src = self.op2("mul", self.K, self.rows_per_pass, hint="xi")
+        # whole tiles: every row inside M and K a whole number of steps (no predicates)
+        rows_in = self.op2("le", self.op2("add", self.m0, s.tile_m, hint="xm"), self.M, hint="full")
+        whole_k = self.op2("eq", self.op2("rem", self.K, self.layout.dense_chunk, hint="full"), 0, hint="full")
+        self.x_full = self.op2("and", rows_in, whole_k, hint="full")
+
+    def swizzled_index(self, r: Value, c: Value) -> Value:
+        """Element index (within a stage) of copy piece c of row r: chunk p / per_chunk of row
+        r, for position p = x_pos[c], is stored at chunk (p / per_chunk) ^ (r % atom_rows)."""
+        b = self.b
+        p = b.value("table", [c], U32, {"name": "x_pos"}, hint="xp")
+        swz = self.op2("xor", self.op2("div", p, self.per_chunk, hint="ch"),
+                       self.op2("rem", r, self.atom_rows, hint="ch"), hint="ch")
+        col = self.op2("add", self.op2("mul", swz, self.per_chunk, hint="xd"),
+                       self.op2("rem", p, self.per_chunk, hint="xd"), hint="xd")
+        return self.op2("add", self.op2("mul", r, self.row, hint="xd"), col, hint="xd")
+
     def issue_x(self, kv: Value) -> None:
-        """Start the copies of step kv's activation tile into slot kv % stages, as one group."""
-        b, s = self.b, self.s
+        """Start the copies of step kv's activation tile into slot kv % stages, as one group
+        (a step past the end of K copies nothing: its group is empty and never read)."""
+        b = self.b
         slot = self.op2("rem", kv, self.n_stages, hint="slot")
-        chunk = self.layout.dense_chunk
-        k_step0 = self.op2("mul", kv, chunk, hint="kx")
+        k_step0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kx")
         base = self.op2("mul", slot, self.x_stage, hint="xs")
+        if self.regular:
+            self.issue_regular(kv, k_step0, base)
+        else:
+            self.issue_generic(k_step0, base)
+        b.op("async_commit")
+
+    def issue_regular(self, kv: Value, k_step0: Value, base: Value) -> None:
+        b = self.b
+        dst = self.op2("add", base, self.x_dst0, hint="xd")
+        src = self.op2("add", self.x_src0, k_step0, hint="xi")
+        in_k = self.op2("lt", kv, self.KV, hint="kok")
+
+        def copies(pred_of) -> None:
+            for i in range(self.passes):
+                d = self.op2("add", dst, i * self.rows_per_pass * self.row, hint="xd") if i else dst
+                sr = self.op2("add", src, self.op2("mul", self.x_pass_src, i, hint="xi"), hint="xi") if i else src
+                self.async_copy(d, sr, pred_of(i), "x_s", "x", self.granule, None)
+
+        def whole() -> None:  # no predicates: every row and position exists
+            self.guarded(in_k, lambda: copies(lambda i: None))
+
+        def partial() -> None:
+            k_ok = self.op2("lt", self.op2("add", k_step0, self.x_kc, hint="k"), self.K, hint="kok")
+
+            def pred(i: int) -> Value:
+                m = self.op2("add", self.x_row0, i * self.rows_per_pass, hint="m") if i else self.x_row0
+                return self.op2("and", self.op2("lt", m, self.M, hint="mok"), k_ok, hint="xok")
+            copies(pred)
+
+        self.branch(self.x_full, whole, partial)
+
+    def issue_generic(self, k_step0: Value, base: Value) -> None:
+        s = self.s
 
         def piece(e: Value, inside: Value | None) -> None:
             r, c = self.op2("div", e, self.per_row, hint="r"), self.op2("rem", e, self.per_row, hint="c")
-            p = b.value("table", [c], U32, {"name": "x_pos"}, hint="xp")
-            # element of (row r, position p) in the swizzled rows: chunk p / per_chunk of row r
-            # is stored at chunk (p / per_chunk) ^ (r % atom_rows)
-            swz = self.op2("xor", self.op2("div", p, self.per_chunk, hint="ch"),
-                           self.op2("rem", r, self.atom_rows, hint="ch"), hint="ch")
-            col = self.op2("add", self.op2("mul", swz, self.per_chunk, hint="xd"),
-                           self.op2("rem", p, self.per_chunk, hint="xd"), hint="xd")
-            dst = self.op2("add", base, self.op2("add", self.op2("mul", r, self.row, hint="xd"), col, hint="xd"), hint="xd")
+            dst = self.op2("add", base, self.swizzled_index(r, c), hint="xd")
             m = self.op2("add", self.m0, r, hint="m")
             k = self.op2("add", k_step0, self.op2("mul", c, self.granule, hint="kc"), hint="k")
             ok = self.op2("and", self.op2("lt", m, self.M, hint="mok"), self.op2("lt", k, self.K, hint="kok"), hint="xok")
@@ -90,7 +154,6 @@ class SwizzledStages(GemmParts):
             self.async_copy(dst, src, ok, "x_s", "x", self.granule, inside)
 
         self.per_thread(s.tile_m * self.per_row, piece)
-        b.op("async_commit")
 
     def b_offset(self, slot: Value, tile: int) -> Value:
         """The element offset of K tile `tile` of stage `slot`: the stage's start plus the
