@@ -41,9 +41,12 @@ import numpy as np  # noqa: E402
 
 FORMATS = tuple(__import__("os").environ.get("WG_FORMATS", "fp4,int4,uint4_zp,nf4").split(","))
 ACTS = ("f16", "bf16")
-#: (name, tile_m, warps_n, stages, depth): the schedules timed (the first is checked everywhere)
-SCHEDULES = (("wg128x128s4", 128, 8, 4, 1), ("wg128x128s3", 128, 8, 3, 1), ("wg256x128s3", 256, 8, 3, 1),
-             ("wg128x128s4d2", 128, 8, 4, 2), ("wg256x128s2", 256, 8, 2, 1))
+#: (name, tile_m, warps_n, stages, depth, a_source): the schedules timed (the first is checked
+#: on every format and shape)
+SCHEDULES = (("wgs128x128s4", 128, 8, 4, 1, "shared"), ("wgs128x128s3", 128, 8, 3, 1, "shared"),
+             ("wgs256x128s3", 256, 8, 3, 1, "shared"),
+             ("wgs128x128s4d2", 128, 8, 4, 2, "shared"), ("wgs128x64s4", 128, 4, 4, 1, "shared"),
+             ("wgr128x128s3", 128, 8, 3, 1, "registers"))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
                 (300, 4096, 4096 + 128), (2048, 4096, 4096))
 TIME_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
@@ -60,9 +63,10 @@ def kernel_specs():
         fmt = md.builtin_format(fmt_name)
         for act in ACTS:
             scheds = SCHEDULES if (fmt_name, act) == ("fp4", "f16") else SCHEDULES[:1]
-            for name, tm, wn, st, depth in scheds:
+            for name, tm, wn, st, depth, a_source in scheds:
                 s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=md.tuned_schedule(fmt, 1).tile_k,
-                                warps_m=1, warps_n=wn, pipeline=md.Warpgroup(stages=st, depth=depth))
+                                warps_m=1, warps_n=wn,
+                                pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source))
                 out.append((f"{fmt_name}_{act}_{name}", fmt, act, s))
         out.append((f"{fmt_name}_f16_multistage", fmt, "f16", md.multistage_schedule(fmt, 2048)))
     return out

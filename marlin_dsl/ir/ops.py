@@ -14,7 +14,7 @@ from typing import Callable
 from . import semantics
 from .core import BufferParam, Kernel, Op, SharedArray
 from .tensor_rules import (_async_copy, _async_wait, _frag_build, _frag_elems, _frag_load, _frag_store,
-                           _frag_zero, _mma, _mma_sp, _wgmma, _wgmma_fence, _wgmma_wait)
+                           _frag_zero, _mma, _mma_sp, _vstore, _wgmma, _wgmma_fence, _wgmma_wait)
 from .types import BOOL, U8, U16, U32, ScalarType, Type, VectorType
 
 TypeRule = Callable[[Op, Kernel], str | None]  # returns an error message or None
@@ -306,6 +306,9 @@ _define(
     OpDef("vec", (2, None), results=(1, 1), rule=_vec, doc="a short vector of the operands, in order"),
     OpDef("store", (2, 3), ("buffer",), writes_memory=True, rule=_memory,
           doc="buffer[index] = value, skipped where the predicate is false"),
+    OpDef("vstore", (2, 3), ("buffer", "size"), writes_memory=True, rule=_vstore,
+          doc="shared buffer[index .. index + size) = the vector's elements (one wide store), index "
+              "a multiple of size; skipped where the predicate is false"),
     OpDef("atomic_add", (2, 2), ("buffer",), results=(1, 1), writes_memory=True,
           reads_memory=True, rule=_memory, doc="returns the old value"),
     OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, pipe="memory", evaluate=semantics.table,
@@ -345,21 +348,24 @@ _define(
     # The warpgroup MMA (docs/IR.md, "Warpgroup MMA"). It names its shared memory `smem`, not
     # `buffer`, and the fence/commit/wait have none, so the dependence graph keeps them in
     # order against every memory op; all are collective, so fragment builds stay on their side.
-    OpDef("wgmma", (3, 3), ("smem",), results=(1, 1), reads_memory=True, collective=True, rule=_wgmma,
-          doc="start c + a @ B, issued by a warpgroup: a is this warp's rows of A, B (k x n) is read "
-              "from shared @smem at element offset b as the target's swizzled rows (one row per "
-              "column of B), c this warp's rows of the accumulator; the result is readable only "
-              "after a wgmma_wait (until then only as the next wgmma's c)"),
+    OpDef("wgmma", (3, 3), ("smem",), ("smem_a",), results=(1, 1), reads_memory=True, collective=True,
+          rule=_wgmma,
+          doc="start c + A @ B, issued by a warpgroup: a is this warp's rows of A (a fragment), or with "
+              "`smem_a` the element offset of the warpgroup's A tile in shared @smem_a (m rows of k, "
+              "the target's swizzled rows; warp w's rows m/4 w ..); B (k x n) is read from shared "
+              "@smem at element offset b as the target's swizzled rows (one row per column of B); c "
+              "is this warp's rows of the accumulator. The result is in flight until a wgmma_wait "
+              "retires it: only a wgmma, a wgmma_fence, a yield and a wgmma_wait may take it"),
     OpDef("wgmma_fence", (0, None), writes_memory=True, collective=True, rule=_wgmma_fence,
           doc="order earlier register writes of the operand fragments before the wgmmas that follow "
               "(needed before each batch of wgmmas)"),
     OpDef("wgmma_commit", (0, 0), writes_memory=True, collective=True,
           doc="close this warp's open group of wgmmas"),
-    OpDef("wgmma_wait", (1, None), ("pending",), results=(1, 1), writes_memory=True, collective=True,
+    OpDef("wgmma_wait", (0, None), ("pending",), results=(0, 1), writes_memory=True, collective=True,
           rule=_wgmma_wait,
-          doc="wait until at most `pending` of this warp's committed wgmma groups are in flight; the "
-              "result is the accumulator operand, now readable; the other operands (the a fragments "
-              "of the finished wgmmas) are kept alive until here"),
+          doc="wait until at most `pending` of this warp's committed wgmma groups are in flight. With a "
+              "result (pending 0): the result is the first operand, an accumulator, now readable; "
+              "the other operands (a fragments of the retired wgmmas) are kept alive until here"),
     OpDef("for", (3, None), optional_attrs=("specialise",), regions=1, results=(0, None), rule=_for,
           doc="for index = lb; index < ub; index += step, carrying values through yield"),
     OpDef("if", (1, 1), regions=2, results=(0, None), rule=_if),

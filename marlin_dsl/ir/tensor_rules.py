@@ -155,6 +155,20 @@ def _target(kernel: Kernel):
     return TARGETS.get(str(kernel.attrs.get("target")))
 
 
+def _swizzled_array(op: Op, kernel: Kernel, attr: str, elem, target) -> str | None:
+    """A shared array the warpgroup MMA reads in swizzled rows: of `elem`, aligned enough."""
+    try:
+        decl = kernel.symbol(str(op.attrs[attr]))
+    except KeyError:
+        return f"unknown shared array @{op.attrs[attr]}"
+    if not isinstance(decl, SharedArray) or decl.elem != elem:
+        return f"wgmma reads {attr} from a shared array of {elem}; @{decl.name} is not one"
+    align = target.warpgroup_b_layout.align
+    if decl.align < align:
+        return f"wgmma reads @{decl.name} in swizzled rows: it must be aligned to {align} bytes, not {decl.align}"
+    return None
+
+
 def _wgmma(op: Op, kernel: Kernel) -> str | None:
     a, off, c = (v.type for v in op.operands)
     target = _target(kernel)
@@ -163,27 +177,53 @@ def _wgmma(op: Op, kernel: Kernel) -> str | None:
         return (f"wgmma needs a target with a warpgroup MMA; the kernel's target "
                 f"{kernel.attrs.get('target')!r} has none")
     _, max_n, k = wg
-    if not (isinstance(a, FragmentType) and a.role == "a" and (a.rows, a.cols) == (target.mma_m, k)
-            and a.elem in (F16, BF16)):
-        return f"wgmma a is this warp's frag<a, f16|bf16, {target.mma_m}x{k}>, got {a}"
     if not (isinstance(c, FragmentType) and c.role == "c" and c.elem == F32 and c.rows == target.mma_m
             and 8 <= c.cols <= max_n and c.cols % 8 == 0):
         return f"wgmma c is this warp's frag<c, f32, {target.mma_m}xN>, N a multiple of 8 up to {max_n}, got {c}"
     if off != U32:
         return f"wgmma b offset (elements of @{op.attrs.get('smem')}) must be u32, got {off}"
-    try:
-        decl = kernel.symbol(str(op.attrs["smem"]))
-    except KeyError:
-        return f"unknown shared array @{op.attrs['smem']}"
-    if not isinstance(decl, SharedArray) or decl.elem != a.elem:
-        return f"wgmma reads b from a shared array of {a.elem}; @{decl.name} is not one"
-    align = target.warpgroup_b_layout.align
-    if decl.align < align:
-        return f"wgmma reads @{decl.name} in swizzled rows: it must be aligned to {align} bytes, not {decl.align}"
+    b_elem = kernel.symbol(str(op.attrs["smem"])).elem if str(op.attrs["smem"]) in {
+        s.name for s in kernel.shared} else None
+    if "smem_a" in op.attrs:  # A from shared memory: operand 0 is the tile's element offset
+        if a != U32:
+            return f"wgmma with smem_a takes the a tile's element offset (u32), got {a}"
+        if b_elem not in (F16, BF16):
+            return f"wgmma reads f16 or bf16 operands; @{op.attrs['smem']} holds {b_elem}"
+        err = _swizzled_array(op, kernel, "smem_a", b_elem, target)
+        if err:
+            return err
+    elif not (isinstance(a, FragmentType) and a.role == "a" and (a.rows, a.cols) == (target.mma_m, k)
+              and a.elem in (F16, BF16)):
+        return f"wgmma a is this warp's frag<a, f16|bf16, {target.mma_m}x{k}> (or smem_a's offset), got {a}"
+    else:
+        b_elem = a.elem
+    err = _swizzled_array(op, kernel, "smem", b_elem, target)
+    if err:
+        return err
     group = target.warpgroup_warps * kernel.warp_size
     if kernel.threads % group:
         return f"wgmma is issued by warpgroups of {group} threads; the kernel has {kernel.threads}"
     return None if op.result.type == c else "wgmma result must have the accumulator's type"
+
+
+def _vstore(op: Op, kernel: Kernel) -> str | None:
+    try:
+        decl = kernel.symbol(str(op.attrs["buffer"]))
+    except KeyError:
+        return f"unknown buffer @{op.attrs['buffer']}"
+    if not isinstance(decl, SharedArray):
+        return f"vstore writes shared arrays; @{decl.name} is not one"
+    idx, val = op.operands[0].type, op.operands[1].type
+    size = op.attrs["size"]
+    if idx != U32:
+        return "memory index must be u32"
+    if val != VectorType(decl.elem, size if isinstance(size, int) else 0) or isinstance(size, bool):
+        return f"vstore to @{decl.name} takes vec<{decl.elem}, size={size!r}>, got {val}"
+    if size * decl.elem.bits not in (32, 64, 128):
+        return f"vstore writes 4, 8 or 16 bytes; size {size} of {decl.elem} is not"
+    if len(op.operands) > 2 and op.operands[2].type != BOOL:
+        return "predicate must be bool"
+    return None
 
 
 def _wgmma_fence(op: Op, _: Kernel) -> str | None:
@@ -195,36 +235,66 @@ def _wgmma_wait(op: Op, _: Kernel) -> str | None:
     n = op.attrs["pending"]
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 7:
         return f"wgmma_wait pending must be an integer 0..7, got {n!r}"
-    c = op.operands[0].type
+    bad = [str(v.type) for v in op.operands if not isinstance(v.type, FragmentType)]
+    if bad:
+        return f"wgmma_wait takes fragments (an accumulator, a operands it keeps alive), got {bad}"
+    if not op.results:
+        return None  # retires groups only
+    if n != 0:
+        return "a wgmma_wait that returns an accumulator waits for every group (pending 0)"
+    c = op.operands[0].type if op.operands else None
     if not (isinstance(c, FragmentType) and c.role == "c"):
         return f"wgmma_wait's first operand is the accumulator it makes readable, got {c}"
-    bad = [str(v.type) for v in op.operands[1:] if not isinstance(v.type, FragmentType)]
-    if bad:
-        return f"wgmma_wait keeps fragments (a wgmma's a operands) alive, got {bad}"
     return None if op.result.type == c else "wgmma_wait result must have the accumulator's type"
+
+
+def _in_flight(ops: list[Op]) -> set[int]:
+    """Values that may hold a wgmma result still in flight: wgmma results, and the loop
+    arguments and results they reach through `for` inits and yields (a fixpoint)."""
+    pending: set[int] = {id(o.result) for o in ops if o.name == "wgmma"}
+    loops = [o for o in ops if o.name == "for"]
+    changed = True
+    while changed:
+        changed = False
+        for loop in loops:
+            body = loop.regions[0]
+            inits = loop.operands[3:]
+            yields = body.ops[-1].operands if body.ops and body.ops[-1].name == "yield" else ()
+            for i, arg in enumerate(body.args[1:]):
+                hot = id(inits[i]) in pending or (i < len(yields) and id(yields[i]) in pending)
+                for v in (arg, loop.results[i]):
+                    if hot and id(v) not in pending:
+                        pending.add(id(v))
+                        changed = True
+    return pending
 
 
 def warpgroup_chains(ops: list[Op]) -> str | None:
     """The rules that make a wgmma's asynchrony explicit in SSA form, over all ops of a kernel:
-    a wgmma's result is read only as the accumulator of the next wgmma or of a wgmma_wait (its
-    registers are undefined until the wait), and the wait keeps every a operand of the chain of
-    wgmmas it ends alive (the hardware reads them until it completes)."""
+    a value that may hold a wgmma's result still in flight (`_in_flight`) is taken only as the
+    accumulator of a wgmma or of a wgmma_wait, by a wgmma_fence, or carried by a loop (its
+    registers are undefined until a wait retires it); and a wait returning an accumulator keeps
+    every register a operand of the chain of wgmmas it ends alive (the hardware reads them
+    until it completes)."""
     producer = {id(r): o for o in ops for r in o.results}
+    pending = _in_flight(ops)
     for o in ops:
         for i, v in enumerate(o.operands):
-            src = producer.get(id(v))
-            if src is None or src.name != "wgmma":
+            if id(v) not in pending:
                 continue
-            if not ((o.name == "wgmma" and i == 2) or (o.name == "wgmma_wait" and i == 0)):
+            ok = ((o.name == "wgmma" and i == 2) or (o.name == "wgmma_wait" and i == 0)
+                  or o.name in ("wgmma_fence", "yield") or (o.name == "for" and i >= 3))
+            if not ok:
                 return (f"%{v.name}, the accumulator of a wgmma, is read by {o.name} (operand {i}) "
                         "before a wgmma_wait: its registers are undefined until then")
-        if o.name != "wgmma_wait":
+        if o.name != "wgmma_wait" or not o.results:
             continue
         kept = {id(v) for v in o.operands[1:]}
         src = producer.get(id(o.operands[0]))
         while src is not None and src.name == "wgmma":
-            if id(src.operands[0]) not in kept:
-                return (f"wgmma_wait -> %{o.result.name} does not keep %{src.operands[0].name} alive, "
+            a = src.operands[0]
+            if "smem_a" not in src.attrs and id(a) not in kept:
+                return (f"wgmma_wait -> %{o.result.name} does not keep %{a.name} alive, "
                         f"the a operand of the wgmma giving %{src.result.name}")
             src = producer.get(id(src.operands[2]))
     return None

@@ -41,6 +41,10 @@ from .parts.stream_family import StreamFamily, lane_base_and_offsets
 from .parts.swizzled_stages import SwizzledStages
 from ..layouts.weight_stream import LAYOUT_NAME
 
+#: decoded-weight buffers of the shared-A loop: step kv's is read by its wgmmas until every
+#: warp's wait at step kv+1, and rewritten (for step kv+3) only after the barrier of step kv+2
+A_BUFFERS = 3
+
 
 class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages):
     def __init__(self, ctx: GemmContext) -> None:
@@ -50,17 +54,48 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         self.n_stages, self.depth = p.stages, p.depth
         _, _, self.wg_k = target.warpgroup_mma  # type: ignore[misc]
         self.init_swizzled()
+        self.b_layout = target.warpgroup_b_layout
         self.x_stage = s.tile_m * self.row  # elements: whole atoms, since tile_m % 8 == 0
+        self.a_stage = s.tile_n * self.row  # decoded weights of one step: tile_n rows
+        self._a_index: dict[tuple[int, int], Value] = {}
         self.frag_acc = FragmentType("c", F32, target.mma_m, s.tile_m)
         c_rows, c_cols = target.lane_elements("c", target.mma_m, s.tile_m)  # type: ignore[misc]
         self.acc_row_base, self.acc_row_off = lane_base_and_offsets(c_rows, "accumulator row")
         self.acc_col_base, self.acc_col_off = lane_base_and_offsets(c_cols, "accumulator column")
+        a_rows, a_cols = target.lane_elements("a", target.mma_m, self.wg_k)  # type: ignore[misc]
+        self.a_col_base, self.a_col_off = lane_base_and_offsets(a_cols, "A column")
 
     def lower(self) -> Kernel:
-        b = self.b
-        stages, depth = self.n_stages, self.depth
         self.stream_setup(("lane", "warp", "tid"), "wm", "wt", clamp=False)
         self.setup_copies()
+        if self.pipeline.a_source == "shared":
+            mm = self.target.mma_m
+            per = self.target.warpgroup_warps
+            # this warp's first row in the A buffer, and its warpgroup's tile (m rows of it)
+            self.warp_row = self.op2("add", self.op2("mul", self.warp, mm, hint="ar"), self.a_row0, hint="ar")
+            self.wg_a0 = self.op2("mul", self.op2("div", self.warp, per, hint="wg"), per * mm * self.row, hint="wg")
+            self.a_col0 = b_table = self.b.value("table", [self.lane], U32, {"name": "a_col0"}, hint="ac")
+            del b_table
+        shared = [SharedArray("x_s", self.act, self.n_stages * self.x_stage, align=self.b_layout.align)]
+        if self.pipeline.a_source == "shared":
+            acc = self.loop_shared_a()
+            shared.append(SharedArray("a_s", self.act, A_BUFFERS * self.a_stage, align=self.b_layout.align))
+        else:
+            acc = self.loop_registers_a()
+        self.b.op("async_wait", attrs={"pending": 0})  # the copies past K land before the group exits
+        self.store_acc(acc)
+        return gemm_kernel(
+            self.ctx, buffers=gemm_buffers(self.ctx), shared=shared,
+            tables=self.stream_tables([*self.swizzled_tables(), ConstTable("a_col0", U32, self.a_col_base),
+                                       ConstTable("acc_row0", U32, self.acc_row_base),
+                                       ConstTable("acc_col0", U32, self.acc_col_base)]),
+            attrs={"stages": self.n_stages, "weight_layout": LAYOUT_NAME},
+            memory="shared memory (stages x tile_m activation rows, decoded weights)")
+
+    def loop_registers_a(self) -> Value:
+        """The K loop with A in registers; returns the readable accumulator."""
+        b = self.b
+        stages, depth = self.n_stages, self.depth
         for step in range(stages - 1):  # prologue: the first stages-1 tiles in flight
             self.issue_x(self.c(step))
         fetched = [self.fetch(self.c(d)) for d in range(depth + 1)]
@@ -71,9 +106,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
 
         def body(kv: Value, groups: list[list[Value]]) -> list[Value]:
             a_cur, carried, (acc_in,) = groups
-            b.op("async_wait", attrs={"pending": stages - 2})
-            b.op("fence", attrs={"scope": "async_proxy"})
-            b.barrier()
+            self.step_ready(stages - 2)
             slot = self.op2("rem", kv, stages, hint="slot")
             b.op("wgmma_fence", [*a_cur, acc_in])
             acc_v = acc_in
@@ -93,17 +126,93 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
 
         results = self.carried_for(0, self.KV, 1, [("fa", first), ("pf", ahead), ("acc", [acc])],
                                    body, iv_hint="kv", hint="fin")
-        b.op("async_wait", attrs={"pending": 0})  # the copies past K land before the group exits
-        self.store_acc(results[-1])
-        shared = [SharedArray("x_s", self.act, stages * self.x_stage,
-                              align=self.target.warpgroup_b_layout.align)]  # type: ignore[union-attr]
-        return gemm_kernel(
-            self.ctx, buffers=gemm_buffers(self.ctx), shared=shared,
-            tables=self.stream_tables([*self.swizzled_tables(),
-                                       ConstTable("acc_row0", U32, self.acc_row_base),
-                                       ConstTable("acc_col0", U32, self.acc_col_base)]),
-            attrs={"stages": stages, "weight_layout": LAYOUT_NAME},
-            memory="shared memory (stages x tile_m activation rows)")
+        return results[-1]
+
+    def loop_shared_a(self) -> Value:
+        """The K loop with A in shared memory, one step's wgmmas in flight while the next is
+        prepared; returns the readable accumulator. Step kv's decoded weights go in A buffer
+        kv % 3 (read by step kv's wgmmas, retired by every warp's wait at step kv+1, free
+        after the barrier of step kv+2); activation copies run stages-2 steps ahead."""
+        b = self.b
+        stages, depth = self.n_stages, self.depth
+        for step in range(stages - 2):  # prologue: the first stages-2 tiles in flight
+            self.issue_x(self.c(step))
+        fetched = [self.fetch(self.c(d)) for d in range(depth + 1)]
+        self.store_a(self.c(0), fetched[0])
+        ahead = [v for f in fetched[1:] for v in f]
+        per_set = len(fetched[0])
+        acc = b.value("frag_zero", [], self.frag_acc, hint="acc")
+
+        def body(kv: Value, groups: list[list[Value]]) -> list[Value]:
+            carried, (acc_in,) = groups
+            self.step_ready(stages - 3)  # step kv's activations and decoded weights are in place
+            self.issue_x(self.op2("add", kv, stages - 2, hint="nx"))  # into step kv-2's slot
+            slot = self.op2("rem", kv, stages, hint="slot")
+            a_base = self.a_offset(kv)
+            b.op("wgmma_fence", [acc_in])
+            acc_v = acc_in
+            for t in range(self.layout.tiles):
+                a_off = self.op2("add", a_base, t * self.wg_k, hint="ab") if t else a_base
+                acc_v = b.value("wgmma", [a_off, self.b_offset(slot, t), acc_v], self.frag_acc,
+                                {"smem": "x_s", "smem_a": "a_s"}, hint="acc")
+            b.op("wgmma_commit")
+            b.op("wgmma_wait", attrs={"pending": 1})  # step kv-1's wgmmas are done (this warp)
+            new = self.fetch(self.op2("add", kv, depth + 1, hint="nx"))
+            self.store_a(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
+            return [*carried[per_set:], *new, acc_v]
+
+        results = self.carried_for(0, self.KV, 1, [("pf", ahead), ("acc", [acc])], body,
+                                   iv_hint="kv", hint="fin")
+        return b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")
+
+    def step_ready(self, pending: int) -> None:
+        """Wait for this thread's copies of the step, make them and its stores of decoded
+        weights visible to the tensor cores, and meet the threadgroup."""
+        self.b.op("async_wait", attrs={"pending": pending})
+        self.b.op("fence", attrs={"scope": "async_proxy"})
+        self.b.barrier()
+
+    def a_offset(self, kv: Value) -> Value:
+        """The element offset of this warpgroup's A tile of step kv in a_s."""
+        buf = self.op2("rem", kv, A_BUFFERS, hint="abuf")
+        return self.op2("add", self.op2("mul", buf, self.a_stage, hint="ab"), self.wg_a0, hint="ab")
+
+    def store_a(self, kv: Value, fetched: list[Value]) -> None:
+        """Decode step kv's weights and store them in A buffer kv % 3, in the swizzled rows
+        the wgmma reads (row = N row within the threadgroup, column = the step's MMA K
+        position): each pair of a lane's fragment elements is one 4-byte store."""
+        b, lay = self.b, self.layout
+        words, _, params = self.unpack_fetched(fetched)
+        k_vec0 = self.op2("mul", kv, lay.dense_chunk, hint="kb")
+        base = self.op2("mul", self.op2("rem", kv, A_BUFFERS, hint="abuf"), self.a_stage, hint="ab")
+        pairs_per_tile = lay.per_lane // 2
+        decode = self.pairs.dequant
+        for t in range(lay.tiles):
+            if params is not None:
+                p = params[0]
+            else:
+                p = self.row_params(0, self.op2("add", k_vec0, t * self.tile_k_dense, hint="kt") if t else k_vec0)
+            for p_ in range(pairs_per_tile):
+                word, shift = lay.pair_slot(t * pairs_per_tile + p_)
+                w = b.value("extract", [words[0]], U32, {"index": word}, hint="w")
+                pair = decode(w, shift, p[self.a_row_off[2 * p_]])
+                idx = self.a_store_index(t, p_)
+                b.op("vstore", [self.op2("add", base, idx, hint="ai"), pair], attrs={"buffer": "a_s", "size": 2})
+
+    def a_store_index(self, tile: int, pair: int) -> Value:
+        """Element index (within an A buffer) of this lane's pair `pair` of K tile `tile`."""
+        key = (tile, pair)
+        if key not in self._a_index:
+            row = self.op2("add", self.warp_row, self.a_row_off[2 * pair], hint="ar") \
+                if self.a_row_off[2 * pair] else self.warp_row
+            col = self.op2("add", self.a_col0, tile * self.tile_k_dense + self.a_col_off[2 * pair], hint="ac")
+            chunk = self.op2("xor", self.op2("div", col, self.per_chunk, hint="ac"),
+                             self.op2("rem", row, self.atom_rows, hint="ac"), hint="ac")
+            idx = self.op2("add", self.op2("mul", row, self.row, hint="ai"),
+                           self.op2("add", self.op2("mul", chunk, self.per_chunk, hint="ai"),
+                                    self.op2("rem", col, self.per_chunk, hint="ai"), hint="ai"), hint="ai")
+            self._a_index[key] = idx
+        return self._a_index[key]
 
     def decode(self, kv: Value, fetched: list[Value]) -> list[Value]:
         """Step kv's A fragments (one per K tile of the layout) from its fetched weight vector."""

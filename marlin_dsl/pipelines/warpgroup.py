@@ -20,7 +20,7 @@ class Warpgroup:
     (Y^T = W^T X^T, the weights as the MMA's A operand in fragment order, chosen at pack time)
     with the warpgroup MMA, whose B (the activation tile, up to 256 M rows) comes from shared
     memory: each warp decodes its 16 N rows of A once per K tile straight into the registers
-    the instruction reads, and one instruction multiplies them with every M row of the tile,
+    the instruction reads (`a_source`), and one instruction multiplies them with every M row of the tile,
     so the decode is amortised over tile_m columns. Activations are copied into shared memory
     asynchronously (`stages` K steps in flight) in the target's swizzled rows, in the K order
     the weight layout uses; weight vectors go from device memory to registers `depth` steps
@@ -31,7 +31,12 @@ class Warpgroup:
     target's maximum, 256 on CUDA); tile_k the layout's vector chunk."""
 
     stages: int = 4
-    depth: int = 2  # K steps whose weight vectors are in registers ahead of the one decoding
+    depth: int = 1  # K steps whose weight vectors are in registers ahead of the one decoding
+    #: where the wgmma reads the decoded weights: "shared" (the warps store them in swizzled
+    #: rows; the next step's copies and decode run while this step's wgmmas do) or "registers"
+    #: (the A fragments themselves; a warp waits for its wgmmas before decoding the next step,
+    #: since ptxas serialises a batch whose a registers may be overwritten before its wait)
+    a_source: Literal["shared", "registers"] = "shared"
     kind: Literal["warpgroup"] = "warpgroup"
 
     def validate(self, schedule: ScheduleShape) -> None:
@@ -42,6 +47,13 @@ class Warpgroup:
         if not is_positive_int(self.depth) or not 1 <= self.depth <= 4:
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup depth must be an integer "
                                 f"1..4, got {self.depth!r}", where)
+        if self.a_source not in ("shared", "registers"):
+            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup a_source must be 'shared' or "
+                                f"'registers', got {self.a_source!r}", where)
+        if self.a_source == "shared" and self.stages < 3:
+            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup with a_source='shared' keeps one "
+                                f"step's wgmmas in flight while the next is copied: stages must be "
+                                f"at least 3, got {self.stages}", where)
         if schedule.warps_m != 1:
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup splits N among warps (one "
                                 f"instruction covers the tile's M): warps_m must be 1, got "

@@ -70,7 +70,7 @@ from .control import _h_for, _h_if, _h_switch
 from .fragments import _h_frag_build, _h_frag_load, _h_frag_store, _h_frag_zero, _h_mma, _h_mma_sp
 from .machine import Fn, InterpreterError, _Machine, launch_size
 from .memory import (_h_async_commit, _h_async_copy, _h_async_wait, _h_atomic_add, _h_barrier,
-                     _h_frag_elems, _h_load, _h_store)
+                     _h_frag_elems, _h_load, _h_store, _h_vstore)
 from .warpgroup import _h_fence, _h_wgmma, _h_wgmma_commit, _h_wgmma_fence, _h_wgmma_wait
 from ..numerics import round_bf16
 
@@ -83,7 +83,7 @@ HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
     **{n: _h_evaluate for n, d in OPS.items() if d.evaluate is not None},
     "select": _h_select,  # _h_evaluate, or a warp-consistent merge of fragments
     "const": _h_const, "index": _h_index, "scalar": _h_scalar,
-    "load": _h_load, "vload": _h_load, "extract": _h_extract, "store": _h_store,
+    "load": _h_load, "vload": _h_load, "extract": _h_extract, "store": _h_store, "vstore": _h_vstore,
     "atomic_add": _h_atomic_add, "barrier": _h_barrier, "fence": _h_fence,
     "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_build": _h_frag_build, "vec": _h_vec, "frag_store": _h_frag_store,
     "frag_elems": _h_frag_elems, "async_copy": _h_async_copy, "async_commit": _h_async_commit,

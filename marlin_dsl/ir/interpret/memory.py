@@ -338,3 +338,36 @@ def _h_frag_elems(m: _Machine, op: Op) -> Fn:
         frag = regs[fa]  # [G, W, rows, cols]
         regs[r] = frag[:, :, rows, cols].reshape(G, T, rows.shape[1])
     return run
+
+
+def _h_vstore(m: _Machine, op: Op) -> Fn:
+    """A vector of `size` elements into a shared array, at an index that is a multiple of size."""
+    name, size = str(op.attrs["buffer"]), int(op.attrs["size"])  # type: ignore[arg-type]
+    sh = m.shared[name]
+    S = sh.size
+    ia, va = m.slot(op.operands[0]), m.slot(op.operands[1])
+    pa = m.slot(op.operands[2]) if len(op.operands) > 2 else None
+    regs = m.regs
+    op_id = m.register_op(op)
+    lanes = np.arange(size, dtype=np.int64)
+
+    def run(mask: _Mask) -> None:
+        sel = mask.arr if pa is None else mask.arr & regs[pa]
+        if not sel.any():
+            return
+        gi, ti = np.nonzero(sel)
+        ii = regs[ia][gi, ti].astype(np.int64)
+        mis = ii % size != 0
+        if mis.any():
+            q = int(np.argmax(mis))
+            m.fail("misaligned", op, f"vstore index not a multiple of {size}", int(gi[q]), int(ti[q]), index=int(ii[q]))
+        bad = ii + size > S
+        if bad.any():
+            q = int(np.argmax(bad))
+            m.fail("bounds", op, f"shared @{name} index out of bounds (size {S})", int(gi[q]), int(ti[q]),
+                   index=int(ii[q]))
+        flat = ((gi * S + ii)[:, None] + lanes).reshape(-1)
+        rep = np.repeat
+        m.check_write(op, op_id, sh, flat, rep(gi, size), rep(ti, size), rep(ti // m.ws, size), False)
+        sh.data[flat] = regs[va][gi, ti].reshape(-1)
+    return run

@@ -61,74 +61,104 @@ def _h_wgmma(m: _Machine, op: Op) -> Fn:
     a, oa, c = (m.slot(v) for v in op.operands)
     r = m.slot(op.result)
     regs = m.regs
-    ta, tc = op.operands[0].type, op.result.type
-    assert isinstance(ta, FragmentType) and isinstance(tc, FragmentType) and layout is not None
-    name = str(op.attrs["smem"])
-    sh = m.shared[name]
-    eb = sh.decl.elem.bits // 8
-    k, n = ta.cols, tc.cols
-    if sh.decl.align < layout.align:
-        raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: @{name} is aligned to "
-                               f"{sh.decl.align} bytes, the swizzled rows need {layout.align}",
-                               kind="misaligned", op=op)
-    row_elems = layout.row_bytes // eb
-    atom_elems = layout.align // eb
-    rows, cols = np.meshgrid(np.arange(n), np.arange(k), indexing="ij")  # B^T: [n, k]
+    tc = op.result.type
+    assert isinstance(tc, FragmentType) and layout is not None and target.warpgroup_mma is not None
+    k, n = target.warpgroup_mma[2], tc.cols
+    b_tile = _SwizzledTile(m, op, str(op.attrs["smem"]), layout, n, k)
+    # A from shared memory: warp w of its warpgroup reads rows (w % warps) * mma_m .. of the tile
+    a_tile = _SwizzledTile(m, op, str(op.attrs["smem_a"]), layout, tc.rows, k) if "smem_a" in op.attrs else None
+    per = target.warpgroup_warps
     op_id = m.register_op(op)
-    T, S = m.T, sh.size
 
     def run(mask: _Mask) -> None:
         warps = _warps(m, op, mask)
         if not warps.any():
             return
-        per = _warpgroups(m, op, warps)
+        _warpgroups(m, op, warps)
         off = _warp_uniform(m, op, regs[oa], warps, "wgmma b offset").astype(np.int64)
-        wg_off = off.reshape(m.G, m.W // per, per)
-        differ = (wg_off != wg_off[..., :1]).any(-1) & warps.reshape(m.G, m.W // per, per).all(-1)
-        if differ.any():
-            g, q = (int(v) for v in np.argwhere(differ)[0])
-            m.fail("collective", op, f"wgmma b offset differs across warpgroup {q}: "
-                   f"{wg_off[g, q].tolist()}", g, warp=q * per)
+        _check_uniform(m, op, off, warps, per, "b")
         unfenced = warps & ~m.wg_fenced
         if unfenced.any():
             g, w = (int(v) for v in np.argwhere(unfenced)[0])
             m.fail("async", op, "wgmma without a wgmma_fence of its warp since the last "
                    "wgmma_commit (registers written before a batch need the fence)", g, warp=w)
         gi, wi = np.nonzero(warps)
-        o = off[gi, wi]
-        col0 = o % row_elems
+        b_flat, bt = b_tile.read(off[gi, wi], gi, wi, np.zeros_like(wi), op_id)  # [warps, n, k] = B^T
+        if a_tile is not None:
+            a_off = _warp_uniform(m, op, regs[a], warps, "wgmma a offset").astype(np.int64)
+            _check_uniform(m, op, a_off, warps, per, "a")
+            a_flat, av = a_tile.read(a_off[gi, wi], gi, wi, (wi % per) * tc.rows, op_id)
+            flats = [b_flat, a_flat]
+        else:
+            av, flats = regs[a][gi, wi].astype(np.float64), [b_flat]
+        prod = np.matmul(av, np.swapaxes(bt, 1, 2))
+        out = regs[c].copy() if regs[c] is not None else np.zeros((m.G, m.W, tc.rows, n), np.float32)
+        out[gi, wi] = _round_f64(prod + regs[c][gi, wi].astype(np.float64), tc.elem)
+        regs[r] = out
+        for fl in flats:
+            np.add.at(fl[1].sh.wg_reading, fl[0].reshape(-1), 1)
+            m.wg_pending.append(_Issued(op, gi, wi, fl[0].reshape(len(gi), -1), m.wg_commits[gi, wi].copy(), fl[1].sh))
+    return run
+
+
+def _check_uniform(m: _Machine, op: Op, off: np.ndarray, warps: np.ndarray, per: int, what: str) -> None:
+    wg_off = off.reshape(m.G, m.W // per, per)
+    differ = (wg_off != wg_off[..., :1]).any(-1) & warps.reshape(m.G, m.W // per, per).all(-1)
+    if differ.any():
+        g, q = (int(v) for v in np.argwhere(differ)[0])
+        m.fail("collective", op, f"wgmma {what} offset differs across warpgroup {q}: "
+               f"{wg_off[g, q].tolist()}", g, warp=q * per)
+
+
+class _SwizzledTile:
+    """A tile a wgmma reads from shared memory in the target's swizzled rows: `rows` x `k`
+    logical elements from an element offset (a tile starts at an atom; its k columns stay in
+    one row and start at a 16-byte chunk)."""
+
+    def __init__(self, m: _Machine, op: Op, name: str, layout, rows: int, k: int) -> None:
+        self.m, self.op, self.name, self.layout = m, op, name, layout
+        self.sh = m.shared[name]
+        self.eb = self.sh.decl.elem.bits // 8
+        if self.sh.decl.align < layout.align:
+            raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: @{name} is aligned to "
+                                   f"{self.sh.decl.align} bytes, the swizzled rows need {layout.align}",
+                                   kind="misaligned", op=op)
+        self.row_elems = layout.row_bytes // self.eb
+        self.atom_elems = layout.align // self.eb
+        self.rows, self.cols = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
+        self.k = k
+
+    def read(self, o: np.ndarray, gi: np.ndarray, wi: np.ndarray, row0: np.ndarray, op_id: int):
+        """((flat indices [warps, rows, k], shared), values float64 [warps, rows, k]) of the tile
+        at element offsets o, rows row0 + 0.. of it, each warp reading collectively; checked."""
+        m, sh, layout, name = self.m, self.sh, self.layout, self.name
+        col0 = o % self.row_elems
         base = o - col0
-        bad = (base % atom_elems != 0) | ((col0 * eb) % layout.chunk_bytes != 0) | (col0 + k > row_elems)
+        bad = (base % self.atom_elems != 0) | ((col0 * self.eb) % layout.chunk_bytes != 0) | (col0 + self.k > self.row_elems)
         if bad.any():
             p = int(np.argmax(bad))
-            m.fail("misaligned", op, f"wgmma b offset {int(o[p])} of @{name}: a tile starts at an "
+            m.fail("misaligned", self.op, f"wgmma offset {int(o[p])} of @{name}: a tile starts at an "
                    f"atom ({layout.align} bytes) and its k columns stay in one {layout.row_bytes}-byte "
                    "row, starting at a 16-byte chunk", int(gi[p]), warp=int(wi[p]), index=int(o[p]))
-        rel = layout.element(rows[None], col0[:, None, None] + cols[None], eb)  # [warps, n, k]
+        rel = layout.element(row0[:, None, None] + self.rows[None], col0[:, None, None] + self.cols[None], self.eb)
         idx = base[:, None, None] + rel
+        S = sh.size
         if (idx >= S).any():
             p = int(np.argmax((idx >= S).reshape(len(gi), -1).any(1)))
-            m.fail("bounds", op, f"wgmma reads @{name} out of bounds (size {S})", int(gi[p]),
+            m.fail("bounds", self.op, f"wgmma reads @{name} out of bounds (size {S})", int(gi[p]),
                    warp=int(wi[p]), index=int(idx[p].max()))
         flat = (gi * S)[:, None, None] + idx
         fl = flat.reshape(-1)
-        reps = n * k
-        m.check_read(op, op_id, sh, fl, np.repeat(gi, reps), np.repeat(T + wi, reps), np.repeat(wi, reps), True)
+        reps = idx[0].size
+        m.check_read(self.op, op_id, sh, fl, np.repeat(gi, reps), np.repeat(m.T + wi, reps), np.repeat(wi, reps), True)
         dirty = sh.gen_writer[fl] >= 0
         if dirty.any():
             p = int(np.argmax(dirty))
             g = int(gi[p // reps])
-            m.fail("async", op, f"wgmma reads shared @{name} written by {m.who(int(sh.gen_writer[fl[p]]))} "
-                   "with no fence async_proxy of that thread after the write", g,
-                   warp=int(wi[p // reps]), index=int(fl[p] - g * S))
-        bt = sh.data[flat].astype(np.float64)  # [warps, n, k] = B^T
-        prod = np.matmul(regs[a][gi, wi].astype(np.float64), np.swapaxes(bt, 1, 2))
-        out = regs[c].copy() if regs[c] is not None else np.zeros((m.G, m.W, tc.rows, n), np.float32)
-        out[gi, wi] = _round_f64(prod + regs[c][gi, wi].astype(np.float64), tc.elem)
-        regs[r] = out
-        np.add.at(sh.wg_reading, fl, 1)
-        m.wg_pending.append(_Issued(op, gi, wi, flat.reshape(len(gi), -1), m.wg_commits[gi, wi].copy(), sh))
-    return run
+            m.fail("async", self.op, f"wgmma reads shared @{name} written by "
+                   f"{m.who(int(sh.gen_writer[fl[p]]))} with no fence async_proxy of that thread after "
+                   "the write", g, warp=int(wi[p // reps]), index=int(fl[p] - g * S))
+        return (flat, self), sh.data[flat].astype(np.float64)
 
 
 def _h_wgmma_fence(m: _Machine, op: Op) -> Fn:
@@ -148,22 +178,14 @@ def _h_wgmma_commit(m: _Machine, op: Op) -> Fn:
     return run
 
 
-def _chain(op: Op, kernel) -> set[int]:
-    """The wgmma ops whose accumulators flow (within one block) into `op`'s first operand."""
-    producer = {id(r): o for o in kernel.walk() for r in o.results}
-    out: set[int] = set()
-    src = producer.get(id(op.operands[0]))
-    while src is not None and src.name == "wgmma":
-        out.add(id(src))
-        src = producer.get(id(src.operands[2]))
-    return out
-
-
 def _h_wgmma_wait(m: _Machine, op: Op) -> Fn:
+    """Retire this warp's groups older than the `pending` most recent. A wait that returns an
+    accumulator (pending 0) must leave nothing in flight: a wgmma never committed is an error."""
     pending = int(op.attrs["pending"])  # type: ignore[arg-type]
-    c, r = m.slot(op.operands[0]), m.slot(op.result)
+    readable = bool(op.results)
+    c = m.slot(op.operands[0]) if readable else None
+    r = m.slot(op.result) if readable else None
     regs = m.regs
-    chain = _chain(op, m.kernel)
 
     def run(mask: _Mask) -> None:
         warps = _warps(m, op, mask)
@@ -176,15 +198,14 @@ def _h_wgmma_wait(m: _Machine, op: Op) -> Fn:
             if not done.all():
                 rest = ~done
                 left = _Issued(rec.op, rec.gi[rest], rec.wi[rest], rec.flat[rest], rec.group[rest], rec.sh)
-                if id(rec.op) in chain and warps[left.gi, left.wi].any():
+                if readable and warps[left.gi, left.wi].any():
                     p = int(np.argmax(warps[left.gi, left.wi]))
-                    uncommitted = left.group[p] >= m.wg_commits[left.gi[p], left.wi[p]]
-                    why = "was never committed" if uncommitted else f"is not among the groups it retires (pending={pending})"
-                    m.fail("async", op, f"returns the accumulator of the wgmma giving "
-                           f"%{rec.op.result.name}, whose group {why}", int(left.gi[p]), warp=int(left.wi[p]))
+                    m.fail("async", op, f"returns an accumulator while the wgmma giving "
+                           f"%{rec.op.result.name} was never committed", int(left.gi[p]), warp=int(left.wi[p]))
                 keep.append(left)
         m.wg_pending = keep
-        regs[r] = regs[c] if mask.full or regs[r] is None else np.where(warps[:, :, None, None], regs[c], regs[r])
+        if readable:
+            regs[r] = regs[c] if mask.full or regs[r] is None else np.where(warps[:, :, None, None], regs[c], regs[r])
     return run
 
 

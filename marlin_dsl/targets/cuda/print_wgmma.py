@@ -51,27 +51,34 @@ class WgmmaEmitters:
 
     def op_wgmma(self, op: Op, depth: int) -> None:
         a, off, c = self.refs(op)
-        ta, tc = op.operands[0].type, op.result.type
-        assert isinstance(ta, FragmentType) and isinstance(tc, FragmentType)
+        tc = op.result.type
+        assert isinstance(tc, FragmentType)
         layout = CUDA.warpgroup_b_layout
         if layout is None or layout.row_bytes != 128:
-            raise CompileError(f"cuda: kernel {self.k.name}: wgmma reads B in 128-byte swizzled rows only")
-        mem, _, _ = self.memory(str(op.attrs["smem"]))
+            raise CompileError(f"cuda: kernel {self.k.name}: wgmma reads shared tiles in 128-byte swizzled rows only")
+        mem, elem, _ = self.memory(str(op.attrs["smem"]))
         n = tc.cols
         name = self._copy_acc(op, c, depth)
         acc = _regs(name, tc)
         nacc = len(acc)
         d_list = ", ".join(f"%{i}" for i in range(nacc))
-        a_list = ", ".join(f"%{nacc + i}" for i in range(4))
-        ty = _PTX_TYPE[ta.elem]  # type: ignore[index]
-        desc = f"mdsl::wgmma_desc_sw128<{layout.align}u>(&{mem}[{off}])"
+        ty = _PTX_TYPE[elem]  # type: ignore[index]
+        desc_b = f"mdsl::wgmma_desc_sw128<{layout.align}u>(&{mem}[{off}])"
         outs = ", ".join(f'"+f"({r})' for r in acc)
-        ins = ", ".join([*(f'"r"({r})' for r in _regs(a, ta)), f'"l"({desc})'])
-        # scale-d = 1 (d += a b, as a predicate), imm-scale-a = imm-scale-b = 1, imm-trans-b = 0
-        # (B K-major: one swizzled row per column of B)
+        if "smem_a" in op.attrs:  # A from shared memory: d, a-desc, b-desc, scale-d, scale-a, -b, trans-a, -b
+            mem_a, _, _ = self.memory(str(op.attrs["smem_a"]))
+            desc_a = f"mdsl::wgmma_desc_sw128<{layout.align}u>(&{mem_a}[{a}])"
+            ins = f'"l"({desc_a}), "l"({desc_b})'
+            operands, tail = f"%{nacc}, %{nacc + 1}", "p, 1, 1, 0, 0"
+        else:  # A in registers: d, {a0..a3}, b-desc, scale-d, scale-a, scale-b, trans-b
+            ta = op.operands[0].type
+            assert isinstance(ta, FragmentType)
+            ins = ", ".join([*(f'"r"({r})' for r in _regs(a, ta)), f'"l"({desc_b})'])
+            operands, tail = "{" + ", ".join(f"%{nacc + i}" for i in range(4)) + f"}}, %{nacc + 4}", "p, 1, 1, 0"
+        # scale-d = 1 (d += a b, as a predicate), scales of a and b 1, both K-major (transpose 0)
         self.emit(depth, f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n'
                          f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d_list}}}, '
-                         f'{{{a_list}}}, %{nacc + 4}, p, 1, 1, 0;\\n}}\\n"')
+                         f'{operands}, {tail};\\n}}\\n"')
         self.emit(depth + 2, f": {outs}")
         self.emit(depth + 2, f": {ins});")
 
@@ -89,13 +96,16 @@ class WgmmaEmitters:
 
     def op_wgmma_wait(self, op: Op, depth: int) -> None:
         refs = self.refs(op)
+        pending = int(op.attrs["pending"])
+        if not op.results:  # retires groups: no register of the accumulator is read
+            self.emit(depth, f'asm volatile("wgmma.wait_group.sync.aligned {pending};\\n" ::: "memory");')
+            return
         tc = op.result.type
         assert isinstance(tc, FragmentType)
         name = self._copy_acc(op, refs[0], depth)
         outs = ", ".join(f'"+f"({r})' for r in _regs(name, tc))
         kept = [f'"r"({r})' for v, ref in zip(op.operands[1:], refs[1:])
                 for r in _regs(ref, v.type)]  # type: ignore[arg-type]
-        pending = int(op.attrs["pending"])
         self.emit(depth, f'asm volatile("wgmma.wait_group.sync.aligned {pending};\\n"')
         self.emit(depth + 2, f": {outs}")
         self.emit(depth + 2, f": {', '.join(kept)} : \"memory\");")

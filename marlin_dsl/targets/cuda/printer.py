@@ -352,6 +352,13 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
         member = ("x", "y")[int(a["index"])] if is_pair(op.operands[0].type) else f"v[{int(a['index'])}]"
         self.declare(depth, op.result, f"{ops[0]}.{member}")
 
+    def op_vstore(self, op: Op, depth: int) -> None:
+        """One 32/64/128-bit shared-memory store (the IR guarantees index % size == 0)."""
+        ops = self.refs(op)
+        mem, _, _ = self.memory(str(op.attrs["buffer"]))
+        stmt = f"*reinterpret_cast<{cuda_type(op.operands[1].type)}*>(&{mem}[{ops[0]}]) = {ops[1]};"
+        self.emit(depth, stmt if len(ops) < 3 else f"if ({ops[2]}) {stmt}")
+
     def op_store(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         mem, _, _ = self.memory(str(op.attrs["buffer"]))
@@ -389,7 +396,7 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
                         op_arith),
         "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast,
         "vec": op_vec, "extract": op_extract, "frag_build": MmaEmitters.op_frag_build,
-        "load": op_load, "vload": op_vload, "store": op_store, "atomic_add": op_atomic_add,
+        "load": op_load, "vload": op_vload, "store": op_store, "vstore": op_vstore, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         **MMA_EMITTERS,
         **WGMMA_EMITTERS,
