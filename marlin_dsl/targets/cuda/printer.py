@@ -455,7 +455,8 @@ class _Printer(MmaEmitters, CPrinter):
         elems = {b.name: b.elem.name for b in k.buffers}
         elems[DIMS_NAME] = "u32"
         attrs = {key: k.attrs[key] for key in ("target", "format", "schedule", "pipeline", "activation",
-                                               "tile", "warps", "mma", "parallel", "k_warps", "weight_layout") if key in k.attrs}
+                                               "tile", "warps", "mma", "parallel", "k_warps", "weight_layout", "cuda_arch")
+                 if key in k.attrs}
         return CudaSource(
             name=k.name, prelude=prelude(), declarations=self.declarations(), body=body,
             input_names=inputs, output_names=outputs, elems=elems, threads=k.threads,
