@@ -282,7 +282,8 @@ class CudaGemm:
 
 
 class CudaLaunch:
-    """One printed kernel bound to `mx.fast.cuda_kernel` (any kernel, not only GEMMs): called
+    """One printed kernel bound to MLX (`mlx_kernel`: `mx.fast.cuda_kernel` or precompiled; any
+    kernel, not only GEMMs): called
     with the input arrays by name, the output shapes by name, the launch scalars and the fill
     value of the outputs; returns the outputs by name."""
 

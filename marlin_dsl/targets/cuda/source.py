@@ -1,5 +1,7 @@
 """A kernel printed for CUDA (`CudaSource`): the text `mx.fast.cuda_kernel` takes, complete
-translation units for nvcc, and manifests for launching where the compiler does not run.
+translation units for nvcc and for NVRTC (`precompiled_source`: the extern "C" kernel that
+`mx.fast.precompiled_cuda_kernel` loads, targets/cuda/launch_precompiled.py), and manifests
+for launching where the compiler does not run.
 
 How MLX 0.32.4 builds and launches a custom CUDA kernel. Sources read (ml-explore/mlx, the
 revision whose `JitModule` takes a `(precompiled, source, names)` builder and `use_disk_cache`,
