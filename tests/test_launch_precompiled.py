@@ -328,3 +328,25 @@ def test_bench_dry_run_compiles_and_shows_the_launches(tmp_path):
 def test_bench_without_nvrtc_exits_4(tmp_path):
     proc = _bench(tmp_path, "--dry-run", "--shapes", "256x256", MARLIN_DSL_NVRTC=str(tmp_path / "none.so"))
     assert proc.returncode == 4 and "MARLIN_DSL_NVRTC" in proc.stderr
+
+
+def test_bench_measurement_loop_runs_with_stand_ins(rec, tmp_path, monkeypatch):
+    """The GPU part of the benchmark (timing in turns, the nobytes probe, the checks, the table)
+    run on the CPU with the stand-ins, so a GPU run does not die on a typo."""
+    import importlib.util
+
+    monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("launch_path_bench", ROOT / "bench" / "launch_path_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    p = bench.plan("fp4", 256, 256, 1, "sm_90")
+    rows = bench.run_case(p, mx, calls=3, repeats=2)
+    assert [r["path"] for r in rows] == list(bench.PATHS)
+    assert all(r["same_as_cuda_kernel"] and r["all_written"] and len(r["samples_us"]["call"]) == 2 for r in rows)
+    nobytes = [c for c in rec.precompiled if c["compiled_source"] == b"\0"]
+    assert nobytes and all(c["name"] == p["kernel"] for c in nobytes)
+    rows.append(bench.builtin_row(mx, 1, 256, 256, calls=3, repeats=1))
+    text = bench.table(rows)
+    assert "precompiled_nobytes" in text and "mx.quantized_matmul" in text and "same, all written" in text
+    if not mx.cuda.is_available():
+        assert bench.main(["--shapes", "256x256"]) == 4

@@ -19,7 +19,9 @@ to False there and True in `cuda_kernel`: we pass True, so both paths see the sa
 
 Which path a kernel takes (`launch_path`): an architecture-specific `cuda_arch` (suffix "a" or
 "f") always launches precompiled; every other kernel goes through `cuda_kernel` unless
-$MARLIN_DSL_CUDA_LAUNCH=precompiled selects this path for all (to compare host costs).
+$MARLIN_DSL_CUDA_LAUNCH=precompiled selects this path for all (to compare host costs). The
+variable is read when a kernel is bound to MLX, once per kernel and process (layers share
+their kernels), so set it before the first launch.
 
 Importing this module needs no MLX; MLX is imported when a kernel is built.
 """
@@ -81,8 +83,7 @@ def kernel_arch(source: CudaSource, device: str) -> str:
     if not arch_specific(want):
         return device
     m, d = _ARCH.match(str(want)), _ARCH.match(device)
-    assert m is not None and d is not None
-    if m.group(2) != d.group(2):
+    if m is None or d is None or m.group(2) != d.group(2):
         raise EnvironmentUnavailable(f"cuda: kernel {source.name} is written for {want}; this GPU is {device}")
     return f"sm_{m.group(2)}{m.group(3)}"
 

@@ -64,10 +64,10 @@ def _loaded_nvrtc() -> str | None:
     """A libnvrtc this process has already mapped (MLX's CUDA backend links one)."""
     try:
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
-                name = os.path.basename(path)
-                if name.startswith("libnvrtc.so") and os.path.isfile(path):
+            for line in maps:  # address perms offset device inode [path]
+                fields = line.split(maxsplit=5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if os.path.basename(path).startswith("libnvrtc.so") and os.path.isfile(path):
                     return path
     except OSError:  # not Linux
         pass
@@ -106,8 +106,7 @@ def find_nvrtc() -> str:
         if where == "ctypes.util.find_library":
             return pattern  # a soname the dynamic loader resolves
         # the versioned names (libnvrtc.so.13) first: the bare .so is a development link
-        hits = sorted((p for p in glob.glob(pattern) if "builtins" not in os.path.basename(p)
-                       and "alt" not in os.path.basename(p)), key=lambda p: (p.endswith(".so"), p))
+        hits = sorted((p for p in glob.glob(pattern) if os.path.isfile(p)), key=lambda p: (p.endswith(".so"), p))
         if hits:
             return hits[0]
     raise EnvironmentUnavailable(
