@@ -7,6 +7,9 @@ $MARLIN_DSL_CACHE, else $XDG_CACHE_HOME/marlin_dsl, else ~/.cache/marlin_dsl.
 - `nvcc/`: cubins of nvcc compile checks of printed CUDA (targets/cuda/nvcc.py, the tests);
 - `cuda_text/`: the text of CUDA kernels launched through MLX, which MLX's compiler reads by
   `#include` (targets/cuda/launch_text.py says why), keyed by a hash of the text.
+- `nvrtc/`: cubins (and PTX) compiled by NVRTC for precompiled launches
+  (targets/cuda/nvrtc.py, targets/cuda/launch_precompiled.py), keyed by a hash of the source,
+  architecture, options and NVRTC version.
 
 Each part is bounded: after a write, the least recently used files go until the part is under
 $MARLIN_DSL_CACHE_MAX_MB (default 512 MB). `marlin-dsl cache` shows the folders and their

@@ -103,6 +103,7 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.targets.*emit*", "printers"),
     ("marlin_dsl.targets.*launch*", "launchers"),
     ("marlin_dsl.targets.*nvcc*", "launchers"),
+    ("marlin_dsl.targets.*nvrtc*", "launchers"),  # compiling printed text for a precompiled launch
     ("marlin_dsl.targets.*harness*", "launchers"),
     ("marlin_dsl.targets.*metal_cpu*", "launchers"),
     ("marlin_dsl.targets.*runtime*", "runtime"),
@@ -234,6 +235,8 @@ def test_the_stage_rules_read_both_layouts() -> None:
         "marlin_dsl.targets.c_printer": "printers",
         "marlin_dsl.targets.cuda.launch": "launchers",
         "marlin_dsl.targets.cuda.nvcc": "launchers",
+        "marlin_dsl.targets.cuda.nvrtc": "launchers",
+        "marlin_dsl.targets.cuda.launch_precompiled": "launchers",
         "marlin_dsl.targets.cuda.runtime": "runtime",
         "marlin_dsl.targets.metal.launch": "launchers",
         "marlin_dsl.targets.metal.cpu_harness": "launchers",

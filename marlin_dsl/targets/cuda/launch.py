@@ -1,4 +1,7 @@
-"""Launch printed GEMM kernels through MLX's `mx.fast.cuda_kernel` (MLX with its CUDA backend).
+"""Launch printed GEMM kernels through MLX's `mx.fast.cuda_kernel` (MLX with its CUDA backend),
+or, precompiled by NVRTC, through `mx.fast.precompiled_cuda_kernel` (launch_precompiled.py:
+kernels written for an architecture-specific target such as sm_90a, or every kernel under
+$MARLIN_DSL_CUDA_LAUNCH=precompiled); `mlx_kernel` picks the path, both are called alike.
 
 `build_cuda_kernel(kernel)` takes a lowered GEMM `Kernel` (or a `CudaSource` printed from one,
 e.g. loaded from a manifest written where the compiler runs) and returns a `CudaGemm`: call it
@@ -35,9 +38,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import ShapeError
+from ...errors import CompileError, MarlinDSLError, ShapeError
 from ...ir.core import Kernel
 from .printer import print_cuda
+from .launch_precompiled import LAUNCH_PATHS, arch_specific, launch_path, precompiled_kernel
 from .launch_text import mlx_strings
 from .source import CudaSource
 
@@ -75,11 +79,22 @@ def _mx():
     return mx
 
 
-def mlx_kernel(source: CudaSource, name: str | None = None):
-    """`source` as `mx.fast.cuda_kernel(...)` (needs MLX's CUDA backend to run), handed to MLX
-    as #include lines of files holding its text (launch_text.py says why)."""
-    mx = _mx()
+def mlx_kernel(source: CudaSource, name: str | None = None, path: str | None = None):
+    """`source` bound to MLX (needs MLX's CUDA backend to run): `mx.fast.cuda_kernel(...)`,
+    handed #include lines of files holding its text (launch_text.py says why), or on the
+    "precompiled" path (`launch_precompiled.launch_path`: kernels for an architecture-specific
+    target, or all under $MARLIN_DSL_CUDA_LAUNCH=precompiled) a `PrecompiledKernel`, called the
+    same way. `path` forces one ("cuda_kernel" or "precompiled"; the benchmark compares them)."""
     name = name or source.name
+    path = path or launch_path(source)
+    if path == "precompiled":
+        return precompiled_kernel(source, name)
+    if path != "cuda_kernel":
+        raise MarlinDSLError(f"cuda: launch path {path!r}: expected one of {', '.join(LAUNCH_PATHS)}")
+    if arch_specific(source.attrs.get("cuda_arch")):
+        raise CompileError(f"cuda: kernel {source.name} is written for {source.attrs['cuda_arch']}, which "
+                           "mx.fast.cuda_kernel cannot compile for (it targets the plain sm_<cc>)")
+    mx = _mx()
     header, body = mlx_strings(name, source.header, source.body)
     return mx.fast.cuda_kernel(name=name, input_names=list(source.input_names),
                                output_names=list(source.output_names), source=body,
@@ -93,9 +108,11 @@ def _mx_dtype(elem: str):
 class CudaGemm:
     """A printed GEMM kernel bound to `mx.fast.cuda_kernel`; see the module docstring."""
 
-    def __init__(self, source: CudaSource, name: str | None = None) -> None:
+    def __init__(self, source: CudaSource, name: str | None = None, path: str | None = None) -> None:
         self.source = source
         self.name = name or f"{source.name}_{source.digest[:12]}"
+        #: the launch path (mlx_kernel), None: chosen when the MLX kernel is made
+        self.path = path
         attrs = source.attrs
         self.activation = str(attrs.get("activation", source.elems.get("x", "f16")))
         self.tile = tuple(int(v) for v in attrs.get("tile", (0, 0, 0)))
@@ -110,10 +127,11 @@ class CudaGemm:
 
     @property
     def kernel(self):
-        """The `mx.fast.cuda_kernel` object (created on first use), of the compact text
-        (`CudaSource.compact`: MLX's per-launch host cost grows with the text)."""
+        """The `mx.fast.cuda_kernel` object or `PrecompiledKernel` (`mlx_kernel`; created on
+        first use), of the compact text (`CudaSource.compact`: MLX's per-launch host cost grows
+        with the text)."""
         if self._kernel is None:
-            self._kernel = mlx_kernel(self.source.compact(), self.name)
+            self._kernel = mlx_kernel(self.source.compact(), self.name, self.path)
         return self._kernel
 
     def weights(self, packed) -> CudaWeights:
@@ -264,15 +282,16 @@ class CudaGemm:
 
 
 class CudaLaunch:
-    """One printed kernel bound to `mx.fast.cuda_kernel` (any kernel, not only GEMMs): called
+    """One printed kernel bound to MLX (`mlx_kernel`: `mx.fast.cuda_kernel` or precompiled; any
+    kernel, not only GEMMs): called
     with the input arrays by name, the output shapes by name, the launch scalars and the fill
     value of the outputs; returns the outputs by name."""
 
-    def __init__(self, kernel: Kernel, inout_inputs: tuple[str, ...] = ()) -> None:
+    def __init__(self, kernel: Kernel, inout_inputs: tuple[str, ...] = (), path: str | None = None) -> None:
         self.source: CudaSource = print_cuda(kernel, inout_inputs=inout_inputs)
         s = self.source
         self.name = f"{s.name}_{s.digest[:12]}"
-        self._kernel = mlx_kernel(s.compact(), self.name)
+        self._kernel = mlx_kernel(s.compact(), self.name, path)
 
     def __call__(self, arrays: dict[str, Any], out_shapes: dict[str, tuple[int, ...]],
                  scalars: dict[str, int], init_value: float | None = None) -> dict[str, Any]:
@@ -286,14 +305,14 @@ class CudaLaunch:
         return dict(zip(s.output_names, outs))
 
 
-def build_cuda_kernel(kernel: Kernel | CudaSource, name: str | None = None) -> CudaGemm:
+def build_cuda_kernel(kernel: Kernel | CudaSource, name: str | None = None, path: str | None = None) -> CudaGemm:
     """A launcher for a lowered GEMM kernel (printed here with the counters as zeroed inputs)
-    or for a `CudaSource` printed elsewhere."""
+    or for a `CudaSource` printed elsewhere; `path` forces a launch path (`mlx_kernel`)."""
     if isinstance(kernel, Kernel):
         source = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
     else:
         source = kernel
-    return CudaGemm(source, name)
+    return CudaGemm(source, name, path)
 
 
 def cuda_executor():

@@ -1,5 +1,6 @@
 """nvcc compile checks of printed CUDA (no GPU needed): the printed text of `targets/cuda/printer.py`
-compiled to a cubin per architecture, several kernels per translation unit, cached."""
+compiled to a cubin per architecture (the ones asked for, or the one a kernel's `cuda_arch`
+attribute names), several kernels per translation unit, cached."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -88,6 +89,22 @@ def _cache_dir(cache_dir: str | Path | None) -> Path:
     return d
 
 
+def kernel_archs(source: CudaSource, default: Iterable[str]) -> tuple[str, ...]:
+    """The architectures to check `source` for: the one its `cuda_arch` attribute names (a
+    kernel written for sm_90a uses instructions that plain sm_80 / sm_90 lack), else `default`."""
+    arch = source.attrs.get("cuda_arch")
+    return (str(arch),) if arch else tuple(default)
+
+
+def gencode(arch: str) -> list[str]:
+    """nvcc flags for a cubin of exactly `arch` ("sm_80", "sm_90a", ...): real code for that
+    target and nothing else (`-arch=sm_90a` would also ask for compute_90a PTX)."""
+    if not arch.startswith("sm_"):
+        raise ValueError(f"nvcc checks compile cubins: architecture {arch!r} is not sm_<cc>")
+    cc = arch[len("sm_"):]
+    return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
+
+
 def _balanced(sources: list[CudaSource], bins: int) -> list[list[CudaSource]]:
     """Longest-first greedy split by body length (compile time follows it closely)."""
     bins = max(1, min(bins, len(sources)))
@@ -108,7 +125,8 @@ def batch_source(sources: list[CudaSource]) -> str:
 def nvcc_check(sources: Iterable[CudaSource], archs: Iterable[str] = ("sm_80", "sm_90"), jobs: int = 2,
                batches: int | None = None, form: str = "full", flags: Iterable[str] = NVCC_FLAGS,
                cache_dir=None, nvcc: str | None = None) -> list[NvccResult]:
-    """Compile printed kernels to cubins with nvcc, for every architecture in `archs`.
+    """Compile printed kernels to cubins with nvcc, for every architecture in `archs`, or for
+    the one a kernel's `cuda_arch` attribute names (`kernel_archs`).
 
     form "full": `full_source()`, `batches` translation units per architecture (default `jobs`);
     form "mlx": `mlx_source()` (MLX's exact generated text, against `MLX_UTILS_STUB`), one kernel
@@ -123,7 +141,11 @@ def nvcc_check(sources: Iterable[CudaSource], archs: Iterable[str] = ("sm_80", "
     if nvcc is None:
         raise FileNotFoundError("nvcc not found (set $NVCC or put CUDA's bin on PATH)")
     sources = list(sources)
-    archs = list(archs)
+    archs = tuple(archs)
+    by_arch: dict[str, list[CudaSource]] = {}
+    for src in sources:
+        for a in kernel_archs(src, archs):
+            by_arch.setdefault(a, []).append(src)
     flags = list(flags)
     root = _cache_dir(cache_dir)
     version = _nvcc_version(nvcc)
@@ -136,16 +158,17 @@ def nvcc_check(sources: Iterable[CudaSource], archs: Iterable[str] = ("sm_80", "
             tmp.write_text(MLX_UTILS_STUB)
             os.replace(tmp, stub)
         include = [f"-I{root / 'mlx_stub'}"]
-        units = [([s], s.mlx_source()) for s in sources]
+        work = [(([s], s.mlx_source()), a) for a, group in by_arch.items() for s in group]
     elif form == "full":
-        units = [(g, batch_source(g)) for g in _balanced(sources, batches or jobs)]
+        work = [((g, batch_source(g)), a) for a, group in by_arch.items()
+                for g in _balanced(group, batches or jobs)]
     else:
         raise ValueError(f"form must be 'full' or 'mlx', not {form!r}")
 
     def run(unit: tuple[list[CudaSource], str], arch: str) -> NvccResult:
         group, text = unit
         names = [s.name for s in group]
-        cmd_flags = [*flags, *include, f"-arch={arch}", "-cubin"]
+        cmd_flags = [*flags, *include, *gencode(arch), "-cubin"]
         key = _hashlib.sha256("\0".join([text, *cmd_flags, version, MLX_UTILS_STUB if include else ""])
                               .encode()).hexdigest()[:24]
         cubin = root / f"{key}-{arch}.cubin"
@@ -168,7 +191,6 @@ def nvcc_check(sources: Iterable[CudaSource], archs: Iterable[str] = ("sm_80", "
         os.replace(tmp, cubin)
         return NvccResult(names, arch, True, seconds, False, log, str(cubin))
 
-    work = [(u, a) for a in archs for u in units]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(lambda w: run(*w), work))
     from ...cache import prune
@@ -177,4 +199,5 @@ def nvcc_check(sources: Iterable[CudaSource], archs: Iterable[str] = ("sm_80", "
     return results
 
 
-__all__ = ["MLX_UTILS_STUB", "NVCC_FLAGS", "NvccResult", "batch_source", "find_nvcc", "nvcc_check"]
+__all__ = ["MLX_UTILS_STUB", "NVCC_FLAGS", "NvccResult", "batch_source", "find_nvcc", "gencode", "kernel_archs",
+           "nvcc_check"]

@@ -483,7 +483,8 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
         elems = {b.name: b.elem.name for b in k.buffers}
         elems[DIMS_NAME] = "u32"
         attrs = {key: k.attrs[key] for key in ("target", "format", "schedule", "pipeline", "activation",
-                                               "tile", "warps", "mma", "parallel", "k_warps", "weight_layout") if key in k.attrs}
+                                               "tile", "warps", "mma", "parallel", "k_warps", "weight_layout", "cuda_arch")
+                 if key in k.attrs}
         if any(op.name in WGMMA_OPS for op in k.walk()):
             attrs["cuda_arch"] = "sm_90a"  # wgmma exists only there (not in sm_90's PTX)
         return CudaSource(

@@ -99,7 +99,7 @@ class CudaRuntime:
 
     target: Target = CUDA
     native_check = None  # the printed text is checked by nvcc and on the GPU (tests, bench/)
-    kernel_launcher = CudaLaunch  # any kernel through mx.fast.cuda_kernel
+    kernel_launcher = CudaLaunch  # any kernel through mx.fast.cuda_kernel (or precompiled: launch.mlx_kernel)
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
         """The H100-tuned weight-stream (or, for many rows, multistage) schedule (`tuning.py`)."""

@@ -1,5 +1,7 @@
 """A kernel printed for CUDA (`CudaSource`): the text `mx.fast.cuda_kernel` takes, complete
-translation units for nvcc, and manifests for launching where the compiler does not run.
+translation units for nvcc and for NVRTC (`precompiled_source`: the extern "C" kernel that
+`mx.fast.precompiled_cuda_kernel` loads, targets/cuda/launch_precompiled.py), and manifests
+for launching where the compiler does not run.
 
 How MLX 0.32.4 builds and launches a custom CUDA kernel. Sources read (ml-explore/mlx, the
 revision whose `JitModule` takes a `(precompiled, source, names)` builder and `use_disk_cache`,
@@ -61,7 +63,7 @@ import numpy as np
 from ...ir.core import GridDim
 from .compact import compact_cuda, trim_prelude
 
-__all__ = ["CudaSource", "MLX_DEFAULT_HEADER", "CUDA_SCALAR"]
+__all__ = ["CudaSource", "MLX_DEFAULT_HEADER", "CUDA_SCALAR", "NVRTC_PREAMBLE"]
 
 #: The text MLX puts before the header (mlx/backend/cuda/custom_kernel.cpp, `default_header`).
 MLX_DEFAULT_HEADER = """
@@ -72,6 +74,11 @@ MLX_DEFAULT_HEADER = """
 #define inf cuda::std::numeric_limits<float>::infinity()
 
 """
+
+#: What a translation unit compiled by NVRTC outside MLX (`precompiled_source`) needs in front
+#: of the prelude: under NVRTC there is no <cstdint>, and MLX's JIT path gets the fixed-width
+#: integer types from its device/utils.cuh, which includes CCCL's cuda/std headers.
+NVRTC_PREAMBLE = "#include <cuda/std/cstdint>\n"
 
 #: MLX's `dtype_to_cuda_type` spelling of every scalar element type.
 CUDA_SCALAR = {"bool": "bool", "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t",
@@ -105,6 +112,9 @@ class CudaSource:
     #: bytes of dynamic shared memory the launch must request (0: the arrays are static)
     dynamic_shared_bytes: int = 0
     #: the kernel's attrs that a launcher needs (tile, pipeline, parallel, format, activation...).
+    #: "cuda_arch": the one architecture the kernel is written for (e.g. "sm_90a" for wgmma):
+    #: nvcc checks compile it for that target only (nvcc.py) and an architecture-specific one
+    #: (suffix a/f) launches precompiled (launch_precompiled.py): MLX's JIT cannot target it.
     attrs: dict = field(default_factory=dict)
 
     @property
@@ -154,6 +164,13 @@ class CudaSource:
         if namespace:
             parts.append(f"\n}}  // namespace {namespace}\n")
         return "".join(parts)
+
+    def precompiled_source(self, name: str | None = None) -> str:
+        """A complete translation unit for NVRTC (targets/cuda/nvrtc.py) whose kernel is
+        `extern "C" __global__ void <name>(inputs..., outputs...)`: what
+        `mx.fast.precompiled_cuda_kernel` loads and looks up by exactly that name, passing the
+        inputs then the outputs (no scalars: the launch scalars travel in `dims`)."""
+        return NVRTC_PREAMBLE + self.full_source(name=name or self.name, extern_c=True)
 
     def mlx_source(self, name: str | None = None) -> str:
         """The translation unit MLX 0.32 generates for this kernel (`build_kernel`), when
