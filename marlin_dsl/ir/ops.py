@@ -169,9 +169,16 @@ def _extract(op: Op, _: Kernel) -> str | None:
 
 def _vec(op: Op, _: Kernel) -> str | None:
     t = op.result.type
-    elem = op.operands[0].type
+    first = op.operands[0].type
+    if isinstance(first, VectorType):  # concatenation of vectors of one element type
+        if any(not isinstance(v.type, VectorType) or v.type.elem != first.elem for v in op.operands):
+            return f"vec takes scalars of one type or vectors of one element type, got {[str(v.type) for v in op.operands]}"
+        total = sum(v.type.size for v in op.operands)  # type: ignore[union-attr]
+        return None if t == VectorType(first.elem, total) else \
+            f"vec of vectors of {total} x {first.elem} gives vec<{first.elem}, {total}>, not {t}"
+    elem = first
     if not isinstance(elem, ScalarType) or any(v.type != elem for v in op.operands):
-        return "vec takes scalars of one type"
+        return "vec takes scalars of one type or vectors of one element type"
     if t != VectorType(elem, len(op.operands)):
         return f"vec of {len(op.operands)} x {elem} gives vec<{elem}, {len(op.operands)}>, not {t}"
     return None
@@ -303,7 +310,8 @@ _define(
     OpDef("vload", (1, 2), ("buffer", "size"), results=(1, 1), reads_memory=True, rule=_memory,
           doc="size consecutive elements from buffer[index], index a multiple of size"),
     OpDef("extract", (1, 1), ("index",), results=(1, 1), rule=_extract),
-    OpDef("vec", (2, None), results=(1, 1), rule=_vec, doc="a short vector of the operands, in order"),
+    OpDef("vec", (2, None), results=(1, 1), rule=_vec,
+          doc="a short vector of the operands in order: scalars, or vectors concatenated"),
     OpDef("store", (2, 3), ("buffer",), writes_memory=True, rule=_memory,
           doc="buffer[index] = value, skipped where the predicate is false"),
     OpDef("vstore", (2, 3), ("buffer", "size"), writes_memory=True, rule=_vstore,

@@ -32,6 +32,9 @@ stores its own elements (the target's lane table of the wide accumulator says wh
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..errors import CompileError
 from ..ir import F32, U32, ConstTable, FragmentType, Kernel, SharedArray, Value, VectorType
 from .parts.async_stages import AsyncStages
 from .parts.context import GemmContext
@@ -53,7 +56,8 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         p, s, target = self.pipeline, self.s, self.target
         self.n_stages, self.depth = p.stages, p.depth
         _, _, self.wg_k = target.warpgroup_mma  # type: ignore[misc]
-        self.init_swizzled()
+        shared_a = p.a_source == "shared"
+        self.init_swizzled(original_order=shared_a)
         self.b_layout = target.warpgroup_b_layout
         self.x_stage = s.tile_m * self.row  # elements: whole atoms, since tile_m % 8 == 0
         self.a_stage = s.tile_n * self.row  # decoded weights of one step: tile_n rows
@@ -62,8 +66,8 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         c_rows, c_cols = target.lane_elements("c", target.mma_m, s.tile_m)  # type: ignore[misc]
         self.acc_row_base, self.acc_row_off = lane_base_and_offsets(c_rows, "accumulator row")
         self.acc_col_base, self.acc_col_off = lane_base_and_offsets(c_cols, "accumulator column")
-        a_rows, a_cols = target.lane_elements("a", target.mma_m, self.wg_k)  # type: ignore[misc]
-        self.a_col_base, self.a_col_off = lane_base_and_offsets(a_cols, "A column")
+        if shared_a:
+            self.a_store_plan()
 
     def lower(self) -> Kernel:
         self.stream_setup(("lane", "warp", "tid"), "wm", "wt", clamp=False)
@@ -74,8 +78,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
             # this warp's first row in the A buffer, and its warpgroup's tile (m rows of it)
             self.warp_row = self.op2("add", self.op2("mul", self.warp, mm, hint="ar"), self.a_row0, hint="ar")
             self.wg_a0 = self.op2("mul", self.op2("div", self.warp, per, hint="wg"), per * mm * self.row, hint="wg")
-            self.a_col0 = b_table = self.b.value("table", [self.lane], U32, {"name": "a_col0"}, hint="ac")
-            del b_table
+            self.a_k0 = self.b.value("table", [self.lane], U32, {"name": "a_k0"}, hint="ak")
         shared = [SharedArray("x_s", self.act, self.n_stages * self.x_stage, align=self.b_layout.align)]
         if self.pipeline.a_source == "shared":
             acc = self.loop_shared_a()
@@ -86,11 +89,14 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         self.store_acc(acc)
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), shared=shared,
-            tables=self.stream_tables([*self.swizzled_tables(), ConstTable("a_col0", U32, self.a_col_base),
+            tables=self.stream_tables([*self.swizzled_tables(), *self.a_tables(),
                                        ConstTable("acc_row0", U32, self.acc_row_base),
                                        ConstTable("acc_col0", U32, self.acc_col_base)]),
             attrs={"stages": self.n_stages, "weight_layout": LAYOUT_NAME},
             memory="shared memory (stages x tile_m activation rows, decoded weights)")
+
+    def a_tables(self) -> list[ConstTable]:
+        return [ConstTable("a_k0", U32, self.a_k_base)] if self.pipeline.a_source == "shared" else []
 
     def loop_registers_a(self) -> Value:
         """The K loop with A in registers; returns the readable accumulator."""
@@ -177,16 +183,53 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         buf = self.op2("rem", kv, A_BUFFERS, hint="abuf")
         return self.op2("add", self.op2("mul", buf, self.a_stage, hint="ab"), self.wg_a0, hint="ab")
 
+    def a_store_plan(self) -> None:
+        """Where each lane's decoded elements go in an A buffer (no IR emitted). The buffer
+        holds the threadgroup's tile_n rows x one step's K in the activations' own K order
+        (so their copies move whole 16-byte chunks): a lane's element e of K tile t, at MMA
+        K position 16 t + col[lane, e], is original offset o = k_perm[16 t + col] =
+        a_k0[lane] + delta[t, e] (a per-lane base and per-element offsets, like every lane
+        table here). Per row offset, the lane's deltas are grouped into aligned runs of
+        `a_run` consecutive elements (16 bytes where the bases allow), one store each."""
+        lay, target = self.layout, self.target
+        a_rows, a_cols = target.lane_elements("a", target.mma_m, self.wg_k)  # type: ignore[misc]
+        tiles = lay.tiles
+        mma_k = np.arange(tiles)[:, None, None] * self.tile_k_dense + a_cols[None]  # [t, lane, e]
+        orig = mma_k if lay.k_perm is None else np.asarray(lay.k_perm)[mma_k]
+        table = orig.transpose(1, 0, 2).reshape(a_cols.shape[0], -1)  # [lane, (t, e)]
+        base, delta = lane_base_and_offsets(table, "A K position")
+        self.a_k_base = base
+        per = a_cols.shape[1]
+        pairs: dict[int, list[tuple[int, int, int]]] = {}  # row offset -> [(delta, tile, pair)]
+        for t in range(tiles):
+            for p_ in range(per // 2):
+                d0, d1 = delta[t * per + 2 * p_], delta[t * per + 2 * p_ + 1]
+                if d1 != d0 + 1:
+                    raise CompileError("warpgroup: a lane's pair of weights is not two adjacent K positions")
+                pairs.setdefault(int(self.a_row_off[2 * p_]), []).append((d0, t, p_))
+        run = 2
+        for g in (self.per_chunk, self.per_chunk // 2):
+            if all(b % g == 0 for b in base) and all(
+                    sorted(d for d, _, _ in items) == sorted({d - d % g + i for d, _, _ in items for i in range(0, g, 2)})
+                    for items in pairs.values()):
+                run = g
+                break
+        self.a_run = run
+        self.a_runs = []  # (row offset, first delta, [(tile, pair)] in K order)
+        for row_off, items in sorted(pairs.items()):
+            items.sort()
+            for i in range(0, len(items), run // 2):
+                chunk = items[i:i + run // 2]
+                self.a_runs.append((row_off, chunk[0][0], [(t, p_) for _, t, p_ in chunk]))
+
     def store_a(self, kv: Value, fetched: list[Value]) -> None:
-        """Decode step kv's weights and store them in A buffer kv % 3, in the swizzled rows
-        the wgmma reads (row = N row within the threadgroup, column = the step's MMA K
-        position): each pair of a lane's fragment elements is one 4-byte store."""
+        """Decode step kv's weights and store them in A buffer kv % 3 (`a_store_plan`)."""
         b, lay = self.b, self.layout
         words, _, params = self.unpack_fetched(fetched)
         k_vec0 = self.op2("mul", kv, lay.dense_chunk, hint="kb")
         base = self.op2("mul", self.op2("rem", kv, A_BUFFERS, hint="abuf"), self.a_stage, hint="ab")
         pairs_per_tile = lay.per_lane // 2
-        decode = self.pairs.dequant
+        decoded: dict[tuple[int, int], Value] = {}
         for t in range(lay.tiles):
             if params is not None:
                 p = params[0]
@@ -195,17 +238,21 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
             for p_ in range(pairs_per_tile):
                 word, shift = lay.pair_slot(t * pairs_per_tile + p_)
                 w = b.value("extract", [words[0]], U32, {"index": word}, hint="w")
-                pair = decode(w, shift, p[self.a_row_off[2 * p_]])
-                idx = self.a_store_index(t, p_)
-                b.op("vstore", [self.op2("add", base, idx, hint="ai"), pair], attrs={"buffer": "a_s", "size": 2})
+                decoded[(t, p_)] = self.pairs.dequant(w, shift, p[self.a_row_off[2 * p_]])
+        for row_off, start, members in self.a_runs:
+            parts = [decoded[m] for m in members]
+            value = parts[0] if len(parts) == 1 else \
+                b.value("vec", parts, VectorType(self.act, 2 * len(parts)), hint="a4")
+            idx = self.op2("add", base, self.a_run_index(row_off, start), hint="ai")
+            b.op("vstore", [idx, value], attrs={"buffer": "a_s", "size": 2 * len(parts)})
 
-    def a_store_index(self, tile: int, pair: int) -> Value:
-        """Element index (within an A buffer) of this lane's pair `pair` of K tile `tile`."""
-        key = (tile, pair)
+    def a_run_index(self, row_off: int, start: int) -> Value:
+        """Element index (within an A buffer) of this lane's run at row offset `row_off` and
+        K offset a_k0 + start, in the swizzled rows (computed once, before the K loop)."""
+        key = (row_off, start)
         if key not in self._a_index:
-            row = self.op2("add", self.warp_row, self.a_row_off[2 * pair], hint="ar") \
-                if self.a_row_off[2 * pair] else self.warp_row
-            col = self.op2("add", self.a_col0, tile * self.tile_k_dense + self.a_col_off[2 * pair], hint="ac")
+            row = self.op2("add", self.warp_row, row_off, hint="ar") if row_off else self.warp_row
+            col = self.op2("add", self.a_k0, start, hint="ac") if start else self.a_k0
             chunk = self.op2("xor", self.op2("div", col, self.per_chunk, hint="ac"),
                              self.op2("rem", row, self.atom_rows, hint="ac"), hint="ac")
             idx = self.op2("add", self.op2("mul", row, self.row, hint="ai"),

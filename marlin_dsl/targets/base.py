@@ -104,6 +104,14 @@ class Target:
     #: 16-byte chunk c of row r stored at chunk c ^ (r % atom_rows); tiles aligned to
     #: `row_bytes * atom_rows` bytes. None without a warpgroup MMA.
     warpgroup_b_layout: "SwizzledRows | None" = None
+    #: shared memory per threadgroup where kernels use the warpgroup MMA (they run only on the
+    #: architecture that has it, which may allow more than `max_shared_bytes`)
+    warpgroup_max_shared_bytes: int = 0
+
+    def shared_limit(self, warpgroup: bool = False) -> int:
+        """Shared memory one threadgroup may use (kernels with the warpgroup MMA: its own)."""
+        return self.warpgroup_max_shared_bytes if warpgroup and self.warpgroup_max_shared_bytes \
+            else self.max_shared_bytes
 
     @property
     def mma_m(self) -> int:

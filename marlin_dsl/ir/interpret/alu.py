@@ -8,7 +8,7 @@ from ..core import Op
 from ..numerics import _INT_RANGE, _round_f64
 from ..ops import OPS
 from ..semantics import Fault, Signature
-from ..types import BOOL, FragmentType, ScalarType
+from ..types import BOOL, FragmentType, ScalarType, VectorType
 from .machine import Fn, InterpreterError, _Machine, _Mask, _merge
 
 
@@ -137,8 +137,11 @@ def _h_vec(m: _Machine, op: Op) -> Fn:
     r = m.slot(op.result)
     regs = m.regs
 
+    concat = isinstance(op.operands[0].type, VectorType)
+
     def run(mask: _Mask) -> None:
-        regs[r] = np.stack([regs[x] for x in xs], axis=-1)
+        parts = [regs[x] for x in xs]
+        regs[r] = np.concatenate(parts, axis=-1) if concat else np.stack(parts, axis=-1)
     return run
 
 

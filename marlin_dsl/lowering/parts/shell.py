@@ -25,10 +25,11 @@ def finish_kernel(b: Builder, target: Target, *, name: str, threads: int,
     kernel = Kernel(name=name, threads=threads, grid=grid, body=b.blocks[0], warp_size=target.warp_size,
                     buffers=list(buffers), scalars=[ScalarParam(n) for n in scalars], shared=list(shared),
                     tables=list(tables), attrs=attrs)
-    if kernel.shared_bytes > target.max_shared_bytes:
+    limit = target.shared_limit(warpgroup=any(op.name == "wgmma" for op in kernel.walk()))
+    if kernel.shared_bytes > limit:
         raise CompileError(
             f"{who or f'kernel {name!r}'} needs {kernel.shared_bytes} bytes of {memory}, over "
-            f"{target.name}'s limit of {target.max_shared_bytes}", where)
+            f"{target.name}'s limit of {limit}", where)
     verify(kernel)
     return kernel
 

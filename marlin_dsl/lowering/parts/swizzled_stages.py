@@ -42,8 +42,10 @@ def copy_granule(pos: np.ndarray, widest: int) -> int:
 class SwizzledStages(GemmParts):
     """Copies of the activation tile into the swizzled stages, and the B offsets of a stage."""
 
-    def init_swizzled(self) -> None:
-        """The copy granule and the position table (no IR emitted)."""
+    def init_swizzled(self, original_order: bool = False) -> None:
+        """The copy granule and the position table (no IR emitted). `original_order`: the
+        activations keep their own K order in shared memory (the decoded weights are stored
+        in that order instead), so whole 16-byte chunks are copied."""
         layout = self.target.warpgroup_b_layout
         elem_bytes = self.act.bits // 8
         self.row = layout.row_bytes // elem_bytes
@@ -52,7 +54,7 @@ class SwizzledStages(GemmParts):
         chunk = self.layout.dense_chunk
         if chunk != self.row:
             raise CompileError(f"warpgroup: a K step of {chunk} does not fill one swizzled row of {self.row}")
-        self.x_pos = k_positions(self.layout.k_perm, chunk)
+        self.x_pos = k_positions(None if original_order else self.layout.k_perm, chunk)
         granule_k = self.fmt.k_granule & -self.fmt.k_granule  # K is a multiple of this
         widest = max(1, min(self.target.async_copy_bytes // elem_bytes, granule_k, self.per_chunk))
         self.granule = copy_granule(self.x_pos, widest)

@@ -302,7 +302,20 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
     def op_vec(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         t = op.result.type
-        if is_pair(t):
+        if isinstance(op.operands[0].type, VectorType):  # concatenation: register moves only
+            name = self.define(op.result)
+            self.emit(depth, f"{cuda_type(t)} {name};")
+            at = 0
+            for v, ref in zip(op.operands, ops):
+                vt = v.type
+                assert isinstance(vt, VectorType)
+                if is_pair(vt):
+                    self.emit(depth, f"*reinterpret_cast<{cuda_type(vt)}*>(&{name}.v[{at}]) = {ref};")
+                else:
+                    for i in range(vt.size):
+                        self.emit(depth, f"{name}.v[{at + i}] = {ref}.v[{i}];")
+                at += vt.size
+        elif is_pair(t):
             make = "__halves2half2" if t.elem == F16 else "__halves2bfloat162"  # type: ignore[union-attr]
             self.declare(depth, op.result, f"{make}({ops[0]}, {ops[1]})")
         else:
@@ -441,9 +454,10 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
         if k.threads > CUDA.max_threads or k.threads % CUDA.warp_size or k.threads < 1:
             raise CompileError(f"cuda: kernel {k.name}: {k.threads} threads per block; CUDA "
                                f"allows a multiple of {CUDA.warp_size} up to {CUDA.max_threads}")
-        if max(k.shared_bytes, dynamic_shared_bytes(k)) > CUDA.max_shared_bytes:
+        limit = CUDA.shared_limit(warpgroup=any(op.name in WGMMA_OPS for op in k.walk()))
+        if max(k.shared_bytes, dynamic_shared_bytes(k)) > limit:
             raise CompileError(f"cuda: kernel {k.name}: {max(k.shared_bytes, dynamic_shared_bytes(k))} bytes of shared memory, "
-                               f"over the limit of {CUDA.max_shared_bytes}")
+                               f"over the limit of {limit}")
         if "mma" in k.attrs and tuple(k.attrs["mma"]) != tuple(CUDA.mma):  # type: ignore[arg-type]
             raise CompileError(f"cuda: kernel {k.name} was lowered for MMA {k.attrs['mma']}, "
                                f"CUDA's is {CUDA.mma}")
