@@ -43,9 +43,9 @@ FORMATS = tuple(__import__("os").environ.get("WG_FORMATS", "fp4,int4,uint4_zp,nf
 ACTS = ("f16", "bf16")
 #: (name, tile_m, warps_n, stages, depth, a_source): the schedules timed (the first is checked
 #: on every format and shape)
-SCHEDULES = (("wgs128x128s4", 128, 8, 4, 1, "shared"), ("wgs128x128s3", 128, 8, 3, 1, "shared"),
-             ("wgs256x128s3", 256, 8, 3, 1, "shared"), ("wgs256x128s4", 256, 8, 4, 1, "shared"),
-             ("wgs256x128s4d2", 256, 8, 4, 2, "shared"), ("wgr128x128s3", 128, 8, 3, 1, "registers"))
+SCHEDULES = (("wgs128x256s4", 128, 16, 4, 1, "shared"), ("wgs128x256s3", 128, 16, 3, 1, "shared"),
+             ("wgs128x256s4d2", 128, 16, 4, 2, "shared"), ("wgs256x128s4d2", 256, 8, 4, 2, "shared"),
+             ("wgs64x256s4", 64, 16, 4, 1, "shared"))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
                 (300, 4096, 4096 + 128), (2048, 4096, 4096))
 TIME_KN = ((4096, 4096), (4096, 14336), (14336, 4096))

@@ -95,12 +95,14 @@ __device__ __forceinline__ frag_cw<N> zero_cw() {
 // 16 >> 4 (unused by the swizzled K-major layout) in [16, 30), stride byte offset SBO >> 4 (the
 // distance of 8-row atoms) in [32, 46), base offset 0 (atoms are SBO-aligned), swizzle mode 1
 // (128 bytes) in [62, 64). bench/wgmma_probe.py checked these encodings on an H100.
+#ifndef MDSL_HOST_LAYOUT_CHECK  // a host build of this file has no shared address space
 template <uint32_t SBO>
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* p) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   return static_cast<uint64_t>((a & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1) << 16) |
          (static_cast<uint64_t>(SBO >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
+#endif  // not MDSL_HOST_LAYOUT_CHECK (wgmma_desc_sw128)
 
 __device__ __forceinline__ uint32_t lane_id() {
   return threadIdx.x % 32u;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -25,7 +26,8 @@ def corpus() -> Iterator[tuple[str, str]]:
     from marlin_dsl.lowering.sparsify import lower_sparsify
     from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager
     from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule, StripedKParallel, default_schedule
-    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+    from marlin_dsl.errors import ScheduleError
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule, warpgroup_schedule
     from marlin_dsl.source import suspended_declarations
     from marlin_dsl.targets import TARGETS
 
@@ -50,6 +52,15 @@ def corpus() -> Iterator[tuple[str, str]]:
                     s = tuned_schedule(fmt, m, TARGETS["cuda"], k, n)
                     yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
                                      Gemm(f"{fname}_{s.name}_m{m}_k{k}_n{n}_{act}", fmt, s, act))
+                # the warpgroup pipeline (Hopper): both A sources where the format takes it
+                for a_source in ("shared", "registers"):
+                    try:
+                        s = warpgroup_schedule(fmt, 2048, TARGETS["cuda"])
+                    except ScheduleError:  # 2:4 and block patterns: no warpgroup kernel
+                        break
+                    s = replace(s, name=f"{s.name}_{a_source}", pipeline=replace(s.pipeline, a_source=a_source))
+                    yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
+                                     Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
         for tname in ("cuda", "metal"):
             for method in ("top2", "mvue", "soft_threshold"):
                 for axis in (0, 1):

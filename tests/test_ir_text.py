@@ -31,7 +31,8 @@ def _kernel(b: Builder, name: str = "k", **kw) -> Kernel:
         scalars=[ScalarParam("M"), ScalarParam("N"), ScalarParam("K")],
         buffers=[BufferParam("x", F16, "read"), BufferParam("y", F16, "write"),
                  BufferParam("counter", U32, "readwrite"), BufferParam("out", F32, "readwrite")],
-        shared=[SharedArray("a_s", F16, 4096), SharedArray("c_s", F32, 128)],
+        shared=[SharedArray("a_s", F16, 4096), SharedArray("c_s", F32, 128),
+                SharedArray("w_s", F16, 8192, align=1024)],
         tables=[ConstTable("lut", U8, (0, 1, 2)),
                 ConstTable("nf", F16, (-1.0, -0.0, 0.0, 1e-05, 0.5, 1.5e20))],
     )
@@ -113,6 +114,18 @@ def every_op_kernel() -> Kernel:
     b.op("async_copy", [four, four], attrs={"dst": "a_s", "src": "x", "size": 2})
     b.op("async_commit")
     b.op("async_wait", attrs={"pending": 0})
+    # the warpgroup MMA (A in registers, then A from shared memory), its fence, commit and
+    # waits, the async-proxy fence and a vector store; w_s is aligned for swizzled rows
+    b.op("vstore", [four, b.value("vec", [x0, x0], VectorType(F16, 2))], attrs={"buffer": "w_s", "size": 2})
+    b.op("fence", attrs={"scope": "async_proxy"})
+    wide = FragmentType("c", F32, 16, 64)
+    acc_w = b.value("frag_zero", [], wide, hint="accw")
+    b.op("wgmma_fence", [fa16, acc_w])
+    acc_w1 = b.value("wgmma", [fa16, zero, acc_w], wide, {"smem": "w_s"}, hint="accw")
+    acc_w2 = b.value("wgmma", [zero, zero, acc_w1], wide, {"smem": "w_s", "smem_a": "w_s"}, hint="accw")
+    b.op("wgmma_commit")
+    b.op("wgmma_wait", attrs={"pending": 1})
+    b.value("wgmma_wait", [acc_w2, fa16], wide, {"pending": 0}, hint="accw")
 
     # if without results, switch with results and a nested switch.
     with b.region() as then:

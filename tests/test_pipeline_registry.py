@@ -14,7 +14,7 @@ from marlin_dsl.pipelines import PIPELINES, Pipeline, register_pipeline
 
 def test_every_pipeline_has_a_lowering() -> None:
     assert set(PIPELINES) == set(LOWERINGS) == {"double_buffered", "fused_dequant", "striped",
-                                                "weight_stream", "multistage"}
+                                                "weight_stream", "multistage", "warpgroup"}
     for kind, cls in PIPELINES.items():
         assert cls().kind == kind and isinstance(cls(), Pipeline)
 

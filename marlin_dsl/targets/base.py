@@ -107,6 +107,9 @@ class Target:
     #: shared memory per threadgroup where kernels use the warpgroup MMA (they run only on the
     #: architecture that has it, which may allow more than `max_shared_bytes`)
     warpgroup_max_shared_bytes: int = 0
+    #: the architecture whose code has the warpgroup MMA (printers mark such kernels with it;
+    #: runtimes pick warpgroup schedules on a device of that architecture), or None
+    warpgroup_arch: str | None = None
 
     def shared_limit(self, warpgroup: bool = False) -> int:
         """Shared memory one threadgroup may use (kernels with the warpgroup MMA: its own)."""

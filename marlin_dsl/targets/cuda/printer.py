@@ -500,7 +500,7 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
                                                "tile", "warps", "mma", "parallel", "k_warps", "weight_layout", "cuda_arch")
                  if key in k.attrs}
         if any(op.name in WGMMA_OPS for op in k.walk()):
-            attrs["cuda_arch"] = "sm_90a"  # wgmma exists only there (not in sm_90's PTX)
+            attrs["cuda_arch"] = CUDA.warpgroup_arch  # wgmma exists only there (not in sm_90's PTX)
         return CudaSource(
             name=k.name, prelude=prelude(), declarations=self.declarations(), body=body,
             input_names=inputs, output_names=outputs, elems=elems, threads=k.threads,

@@ -36,9 +36,24 @@ def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = Non
     """The schedule `quantized_linear` runs `fmt` with for m rows of activations (and a [K, N]
     weight) on CUDA."""
     try:
-        return tuned_schedule(fmt, m, CUDA, k, n)
+        return tuned_schedule(fmt, m, CUDA, k, n, warpgroup=device_has_warpgroup())
     except ScheduleError:  # no weight-stream layout for this format (block patterns, 4:8, 3-bit)
         return default_schedule(fmt)
+
+
+@lru_cache(maxsize=1)
+def device_has_warpgroup() -> bool:
+    """MLX's GPU is of the architecture with CUDA's warpgroup MMA (sm_90a code runs on cc 9.0);
+    False without one (or without MLX's CUDA backend)."""
+    want = CUDA.warpgroup_arch
+    if want is None:
+        return False
+    try:
+        from .launch_precompiled import device_arch
+
+        return device_arch() == want.rstrip("af")
+    except Exception:  # noqa: BLE001 - no GPU, no CUDA backend: the plain schedules
+        return False
 
 
 @lru_cache(maxsize=None)
@@ -102,8 +117,9 @@ class CudaRuntime:
     kernel_launcher = CudaLaunch  # any kernel through mx.fast.cuda_kernel (or precompiled: launch.mlx_kernel)
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
-        """The H100-tuned weight-stream (or, for many rows, multistage) schedule (`tuning.py`)."""
-        return tuned_schedule(fmt, m, CUDA, k, n)
+        """The H100-tuned weight-stream (or, for many rows, multistage or on Hopper warpgroup)
+        schedule (`tuning.py`)."""
+        return tuned_schedule(fmt, m, CUDA, k, n, warpgroup=device_has_warpgroup())
 
     def timed_kernel(self, compiled: CompiledGemm) -> CudaGemm:
         """The launcher the benchmark runner times (`CudaGemm` is a `TimedKernel`)."""

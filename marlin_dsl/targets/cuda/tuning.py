@@ -3,23 +3,31 @@ for M rows of activations (and a [K, N] weight), from measurements on an H100
 (bench/results/gpu/). `runtime.cuda_schedule` and the benchmarks pick schedules here."""
 from __future__ import annotations
 
+from ...errors import ScheduleError
 from ...formats import Format
 from ...layouts.weight_stream import stream_layout
-from ...schedule import Multistage, Schedule, WeightStream
+from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
 from ..base import Target
 from .description import CUDA
 
-__all__ = ["multistage_schedule", "tuned_schedule"]
+__all__ = ["multistage_schedule", "tuned_schedule", "warpgroup_schedule"]
 
 
 def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
-                   n: int | None = None) -> Schedule:
+                   n: int | None = None, warpgroup: bool = False) -> Schedule:
     """The tuned schedule for M rows of activations (and, when known, the weight's [K, N]):
     up to 64 rows (16 where N > K) the weight stream, tiles one MMA wide in M (8 or 16 rows)
     and many warps splitting K, so that enough 128-bit weight loads are in flight, or 32-row
     tiles over the same weights (served from L2 after the first); beyond, the multistage
-    pipeline (`multistage_schedule`)."""
+    pipeline (`multistage_schedule`), or with `warpgroup` (the device has the target's
+    warpgroup MMA) and more than WARPGROUP_MIN_M rows the warpgroup pipeline where the format
+    takes it (`warpgroup_schedule`)."""
     target = target or CUDA  # None: this target (callers may pass another description)
+    if warpgroup and m > WARPGROUP_MIN_M:
+        try:
+            return warpgroup_schedule(fmt, m, target, k, n)
+        except ScheduleError:  # a format the warpgroup pipeline does not take (2:4)
+            pass
     tile_k = stream_layout(fmt, target).dense_chunk
 
     def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1) -> Schedule:
@@ -65,3 +73,24 @@ def multistage_schedule(fmt: Format, m: int, target: Target | None = None, k: in
                         pipeline=Multistage(stages=3))
     return Schedule("multistage_small", tile_m=64, tile_n=128, tile_k=tile_k, warps_m=2, warps_n=2,
                     pipeline=Multistage(stages=4))
+
+
+#: Rows above which a device with the warpgroup MMA runs the warpgroup pipeline
+#: (bench/results/issue15_h100_2026-11-25b: at M = 512 it is ahead of multistage on every shape).
+WARPGROUP_MIN_M = 128
+
+
+def warpgroup_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
+                       n: int | None = None) -> Schedule:
+    """The warpgroup schedule (Hopper's wgmma): decoded weights in shared memory, 256 M rows
+    per instruction (128 for at most 128 rows), 2 warpgroups of 64 N rows, 4 stages, weights
+    loaded 2 steps ahead. From bench/results/issue15_h100_2026-11-25b/warpgroup_run5: 256 x 128
+    tiles were fastest on every shape at M = 512 and 2048 (0.68-0.85x fp16 mx.matmul). A
+    ScheduleError where the format or target has no warpgroup kernel."""
+    target = target or CUDA
+    tile_k = stream_layout(fmt, target).dense_chunk
+    tile_m = 256 if m > 128 else 128
+    sched = Schedule(f"warpgroup_{tile_m}", tile_m=tile_m, tile_n=128, tile_k=tile_k, warps_m=1, warps_n=8,
+                     pipeline=Warpgroup(stages=4, depth=2))
+    sched.check(fmt, target)
+    return sched
