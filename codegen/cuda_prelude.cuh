@@ -98,8 +98,10 @@ __device__ __forceinline__ frag_cw<N> zero_cw() {
 #ifndef MDSL_HOST_LAYOUT_CHECK  // a host build of this file has no shared address space
 template <uint32_t SBO>
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* p) {
+  // A shared-window address is below 2^18 (228 KB on sm_90): no mask, so that descriptors of
+  // tiles a constant apart differ by a constant (ptxas adds instead of recomputing).
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return static_cast<uint64_t>((a & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1) << 16) |
+  return static_cast<uint64_t>(a >> 4) | (static_cast<uint64_t>(1) << 16) |
          (static_cast<uint64_t>(SBO >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 #endif  // not MDSL_HOST_LAYOUT_CHECK (wgmma_desc_sw128)
