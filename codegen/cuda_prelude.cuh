@@ -116,6 +116,27 @@ __device__ __forceinline__ uint32_t vec_word(const vec<T, N>& v) {
   return reinterpret_cast<const uint32_t*>(v.v)[I];
 }
 
+// The IR's lop3: result bit i = bit (4 a_i + 2 b_i + c_i) of LUT. As PTX's own lop3.b32, so
+// that ptxas keeps it one LOP3 where two of the operands are constants: written as C, a mask
+// and an OR with two immediates become two LOP3s (LOP3 takes one immediate), e.g. an integer
+// code's AND with its mask and OR with the f16 magic number (lowering/pair_decode.py).
+template <int LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef __CUDA_ARCH__
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return d;
+#else
+  uint32_t d = 0u;
+  for (int i = 0; i < 8; ++i) {
+    if ((LUT >> i) & 1) {
+      d |= ((i & 4) ? a : ~a) & ((i & 2) ? b : ~b) & ((i & 1) ? c : ~c);
+    }
+  }
+  return d;
+#endif
+}
+
 template <typename P>
 __device__ __forceinline__ P bits_to_pair(uint32_t w);
 

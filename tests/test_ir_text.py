@@ -113,6 +113,7 @@ def every_op_kernel() -> Kernel:
     b.op("async_copy", [four, four], attrs={"dst": "a_s", "src": "x", "size": 2})
     b.op("async_commit")
     b.op("async_wait", attrs={"pending": 0})
+    b.value("lop3", [tid, four, one], U32, {"lut": 0xEA}, hint="l3")  # (a & b) | c
 
     # if without results, switch with results and a nested switch.
     with b.region() as then:

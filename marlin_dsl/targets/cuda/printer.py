@@ -301,6 +301,10 @@ class _Printer(MmaEmitters, CPrinter):
         ops = self.refs(op)
         self.declare(depth, op.result, f"({ops[0]} ? {ops[1]} : {ops[2]})")
 
+    def op_lop3(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"mdsl::lop3<{int(op.attrs['lut']):#04x}>({ops[0]}, {ops[1]}, {ops[2]})")
+
     def op_cast(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
@@ -372,7 +376,7 @@ class _Printer(MmaEmitters, CPrinter):
         **dict.fromkeys(_CMP, op_compare),
         **dict.fromkeys(("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"),
                         op_arith),
-        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast,
+        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast, "lop3": op_lop3,
         "vec": op_vec, "extract": op_extract, "frag_build": MmaEmitters.op_frag_build,
         "load": op_load, "vload": op_vload, "store": op_store, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
