@@ -34,11 +34,12 @@ def _lane_codes(layout, words: np.ndarray, nt: int, kv: int) -> np.ndarray:
     w = words.reshape(nt, kv, layout.lanes, VECTOR_WORDS)
     pairs = layout.tiles * layout.per_lane // 2
     out = np.zeros((nt, kv, layout.lanes, pairs, 2), np.int64)
-    mask = (1 << layout.bits) - 1
+    positions = layout.bit_order.positions  # [slot][code bit] -> bit of a 16-bit half
     for j in range(pairs):
-        word, shift = divmod(j, 16 // layout.bits)
-        out[..., j, 0] = (w[..., word] >> (shift * layout.bits)) & mask
-        out[..., j, 1] = (w[..., word] >> (16 + shift * layout.bits)) & mask
+        word, slot = divmod(j, 16 // layout.bits)
+        for i, pos in enumerate(positions[slot]):  # one bit at a time, independent of pack()
+            out[..., j, 0] |= ((w[..., word].astype(np.int64) >> pos) & 1) << i
+            out[..., j, 1] |= ((w[..., word].astype(np.int64) >> (16 + pos)) & 1) << i
     return out.reshape(nt, kv, layout.lanes, layout.tiles, layout.per_lane)
 
 

@@ -42,7 +42,7 @@ class StreamFamily(GemmParts):
         target = self.target
         mm, mn, mk = target.mma
         self.layout = stream_layout(self.fmt, target, self.s.location)
-        self.pairs = PairDecoder(self.b, self.fmt, self.act)
+        self.pairs = PairDecoder(self.b, self.fmt, self.act, self.layout.bit_order)
         mm, mn, mk = target.mma
         self.sparse = self.layout.sparse
         self.tile_k_dense = self.layout.dense_tile_k
@@ -229,9 +229,9 @@ class StreamFamily(GemmParts):
         parts = []
         decode = self.pairs.unscaled if self.scale_sums else self.pairs.dequant
         for p_ in range(pairs_per_tile):
-            word, shift = lay.pair_slot(tile * pairs_per_tile + p_)
+            word, slot = lay.pair_slot(tile * pairs_per_tile + p_)
             w = b.value("extract", [words], U32, {"index": word}, hint="w")
-            parts.append(decode(w, shift, params[self.a_row_off[2 * p_]]))
+            parts.append(decode(w, slot, params[self.a_row_off[2 * p_]]))
         return b.value("frag_build", parts, self.frag_a, hint="fa")
 
 
