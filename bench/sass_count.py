@@ -3,15 +3,17 @@
 Compiles each kernel with nvcc for sm_90 (`marlin_dsl.targets.cuda.nvcc`), disassembles the
 cubin with `cuobjdump -sass` (needs `nvdisasm` beside it or on PATH; the CUDA toolkit has both)
 and counts the instructions of the kernel's main loop: the longest backward branch's body, which
-for the weight-stream and multistage kernels is the K loop. Reported per loop iteration and per
-weight a lane decodes, by opcode: the "instructions per weight" the issue-15 notes quote.
+for the weight-stream and multistage kernels is the K loop. Reported per loop iteration, per K
+step (an unrolled weight-stream loop runs `unroll` steps per iteration) and per weight a lane
+decodes, by opcode: the "instructions per weight" the issue-15 notes quote.
 
-    python bench/sass_count.py --formats fp4,int4 --ms 1,16 [--k 4096 --n 14336] [--show]
+    python bench/sass_count.py --formats fp4,int4 --ms 1,16 [--k 4096 --n 14336] [--unroll 1] [--show]
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -78,20 +80,27 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=14336)
     ap.add_argument("--act", default="f16")
+    ap.add_argument("--unroll", type=int, default=None, help="override the weight stream's unroll")
     ap.add_argument("--show", action="store_true", help="print the loop's SASS of the first kernel")
     args = ap.parse_args()
-    print(f"{'format':10} {'M':>4} {'schedule':22} {'loop instr':>10} {'per weight':>10}  top opcodes")
+    print(f"{'format':10} {'M':>4} {'schedule':22} {'loop instr':>10} {'steps':>5} {'per step':>8} "
+          f"{'per weight':>10}  top opcodes")
     for name in args.formats.split(","):
         fmt = builtin_format(name)
         for m in (int(v) for v in args.ms.split(",")):
             s = tuned_schedule(fmt, m, CUDA, args.k, args.n)
+            if args.unroll is not None and hasattr(s.pipeline, "unroll"):
+                s = dataclasses.replace(s, pipeline=dataclasses.replace(s.pipeline, unroll=args.unroll))
             src = emit(compile_gemm(Gemm(f"sass_{name}_{m}", fmt, s, activation=args.act), CUDA).kernel, CUDA)
             lay = stream_layout(fmt, CUDA)
-            # weights one lane decodes per loop iteration: one vector per N tile of the warp
+            # weights one lane decodes per K step: one vector per N tile of the warp; the
+            # weight stream's loop runs `unroll` steps per iteration
+            steps = getattr(s.pipeline, "unroll", 1)
             per_lane = lay.chunk * 16 // 32 * (s.tile_n // s.warps_n // 16)
-            r = count(src, per_lane)
+            r = count(src, per_lane * steps)
             top = " ".join(f"{k}:{v}" for k, v in list(r["ops"].items())[:8])
-            print(f"{name:10} {m:4d} {s.name:22} {r['loop_instructions']:10d} {r['per_weight']:10.2f}  {top}")
+            print(f"{name:10} {m:4d} {s.name:22} {r['loop_instructions']:10d} {steps:5d} "
+                  f"{r['loop_instructions'] / steps:8.1f} {r['per_weight']:10.2f}  {top}")
             if args.show:  # the first kernel's loop only
                 print("\n".join(r["loop"]))
                 args.show = False

@@ -144,6 +144,25 @@ def test_k_tail_shorter_than_a_vector(fmt_name: str) -> None:
     assert result.ok, result
 
 
+@pytest.mark.parametrize("unroll,depth", [(1, 1), (2, 1), (2, 2), (3, 1)])
+@pytest.mark.parametrize("fmt_name,group", [("fp4", 128), ("fp4", 32), ("uint4_zp", 128), ("fp4_2of4", 128)])
+def test_unrolled_k_loop_and_its_remainder(fmt_name: str, group: int, unroll: int, depth: int) -> None:
+    """Warps with different step counts (0 .. 3 steps: KV = 6 or 7 vectors over 4 K warps)
+    run the unrolled loop, its remainder or neither; group 128 reads clamped, unpredicated
+    loads (K whole vectors), group 32 predicated ones with a K tail."""
+    fmt = md.builtin_format(fmt_name, group)
+    sched = Schedule("ws_unroll", tile_m=8, tile_n=32, tile_k=md.tuned_schedule(fmt, 1).tile_k, warps_m=1,
+                     warps_n=2, pipeline=WeightStream(k_warps=4, depth=depth, unroll=unroll))
+    gemm = Gemm("ws_unroll", fmt, sched, "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    chunk = sched.tile_k
+    k = 6 * chunk if group == 128 else 7 * chunk - 32  # group 32: a K tail in the last vector
+    loads = [op for op in kernel.walk() if op.name in ("vload", "load") and op.attrs["buffer"] in ("x", "qweight")]
+    assert all(len(op.operands) == 1 for op in loads) == (group == 128)  # no predicate where K is whole
+    result = check_kernel(gemm, kernel, (3, 40, k), np.random.default_rng(unroll * 10 + depth))
+    assert result.ok, result
+
+
 def test_default_stream_schedules_run() -> None:
     fmt = md.builtin_format("uint4_zp")
     rng = np.random.default_rng(8)
@@ -172,7 +191,7 @@ def test_tuned_schedule_buckets() -> None:
 
 def test_stream_kernel_text_round_trips() -> None:
     fmt = md.builtin_format("fp4_2of4")
-    kernel = compile_gemm(Gemm("ws_rt", fmt, small_schedule(fmt), "f16"), CUDA).kernel
+    kernel = compile_gemm(Gemm("ws_rt", fmt, small_schedule(fmt), "bf16"), CUDA).kernel  # bf16: pairs as vec
     assert_round_trip(kernel)
     names = {op.name for op in kernel.walk()}
     assert {"mma_sp", "frag_build", "vload", "vec"} <= names and "mma" not in names

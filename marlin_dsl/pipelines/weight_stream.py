@@ -55,14 +55,21 @@ class WeightStream:
 
     Schedule fields: tile_n N rows per threadgroup (warps_n warps side by side, each a
     multiple of the MMA's M), tile_m M columns (a multiple of the MMA's N), tile_k the dense K
-    of one step (must equal the layout's vector chunk), warps_m 1."""
+    of one step (must equal the layout's vector chunk), warps_m 1. Pipeline fields: k_warps,
+    depth (steps fetched ahead), unroll (steps per loop iteration)."""
 
     k_warps: int = 4
     depth: int = 1  # steps fetched ahead of the one computing (registers per extra step: ~6)
+    #: K steps per loop iteration (the rest in a second loop): the loop's counters, compare
+    #: and branch are paid once per `unroll` steps. 1 by default: at 2, ptxas's K loop is
+    #: 78.5 instead of 80 SASS instructions per step for fp4 at M = 1 but longer for 2:4 and
+    #: M = 16 (register pressure; bench/results/issue15_decode_notes.md), so the GPU sweep
+    #: (bench/decode_sweep.py) decides
+    unroll: int = 1
     kind: Literal["weight_stream"] = "weight_stream"
 
     def validate(self, schedule: ScheduleShape) -> None:
-        require_positive(schedule, "weight_stream", self, ("k_warps", "depth"))
+        require_positive(schedule, "weight_stream", self, ("k_warps", "depth", "unroll"))
         if schedule.warps_m != 1:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream splits N and K among "
                                 f"warps, not M: warps_m must be 1, got {schedule.warps_m}", schedule.location)

@@ -62,6 +62,16 @@ class StreamFamily(GemmParts):
         #: multiply each group's MMA sums by its scale instead of every weight (`sums_scalable`);
         #: a pipeline's lowering turns it on where that saves instructions
         self.scale_sums = False
+        #: the decode's rebias (a power of two) is left out of the sums' factors; the pipeline
+        #: applies it once to the final sums (exact: scaling by 2**e commutes with rounding)
+        self.rebias_at_end = False
+        g = self.fmt.scale.group_size
+        #: K is a whole number of vector steps: groups cover whole vectors and K is a multiple
+        #: of the group size (`Format.check_shape`), so no step reads past K
+        self.k_whole = g != "K" and int(g) % self.layout.dense_chunk == 0
+        #: loads read clamped indices without predicates (the weight stream turns it on where
+        #: K is whole vectors: `RegisterFetch.setup_fetch`, which sets `last_n` and the rest)
+        self.clamped = False
         self.b_k_base, self.b_k_off = lane_base_and_offsets(b_k, "B k")
         self.b_n_base, self.b_n_off = lane_base_and_offsets(b_n, "B n")
         pairs_ok = all(self.b_k_off[2 * i + 1] == self.b_k_off[2 * i] + 1 and
@@ -142,14 +152,19 @@ class StreamFamily(GemmParts):
 
     def row_params(self, j: int, k_tile0: Value) -> dict[int, GroupValues]:
         """Group parameters of each distinct A row offset of this lane, for the group holding
-        dense K position k_tile0."""
+        dense K position k_tile0 (with clamped loads, `RegisterFetch.clamped`: k_tile0 < K
+        is known and rows past N read the last row)."""
         params = self.pairs.scalar.params
         group = params.group_of(k_tile0)
-        exists = self.op2("lt", k_tile0, self.K, hint="gok")
+        clamped = self.clamped
+        exists = None if clamped else self.op2("lt", k_tile0, self.K, hint="gok")
         out = {}
         for off in sorted(set(self.a_row_off)):
             n = self.op2("add", self.op2("mul", self.n_tiles[j], self.target.mma_m, hint="n"), self.a_row0, hint="n")
             n = self.op2("add", n, off, hint="n") if off else n
+            if clamped:  # rows past N read the last row's parameters (never stored)
+                out[off] = params.load_at(group, self.op2("min", n, self.last_n, hint="nc"), self.N, None)
+                continue
             pred = self.op2("and", exists, self.op2("lt", n, self.N, hint="nok"), hint="sok")
             out[off] = params.load_at(group, n, self.N, pred)
         return out
@@ -198,14 +213,14 @@ class StreamFamily(GemmParts):
 
     def sum_scales(self, params: dict[int, GroupValues]) -> dict[int, Value]:
         """Per A row offset: the f32 factor of its group's sums (scale times the decode's
-        rebias, `PairDecoder.rebias`)."""
+        rebias, `PairDecoder.rebias`, unless `rebias_at_end`)."""
         b, scaling = self.b, self.fmt.scaling
         out = {}
         for off, values in params.items():
             scale = scaling.emit_scale(b, values)
             if scale.type != F32:
                 scale = b.cast(scale, F32, hint="ss")
-            rebias = self.pairs.rebias
+            rebias = 1.0 if self.rebias_at_end else self.pairs.rebias
             out[off] = scale if rebias == 1.0 else b.binary("mul", scale, b.const(rebias, F32), hint="ss")
         return out
 
