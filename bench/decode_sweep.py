@@ -2,7 +2,7 @@
 
 For every format, M and weight shape [K, N], the candidates are the tuned schedule
 (`targets/cuda/tuning.py`) and the grid k_warps x depth x warps_n (tile_n = 16 warps_n) x unroll
-(tile_m 8 for M <= 8, else 16). Per candidate, on the GPU through MLX's CUDA backend:
+x vectors (K vectors per step: tile_k = vectors x the layout's chunk; tile_m 8 for M <= 8, else 16). Per candidate, on the GPU through MLX's CUDA backend:
 
 1. correctness: fresh random weights (`sample_weights`, packed) and activations (rounded to
    f16) per shape, outputs poisoned with NaN, y against the float64 `reference_matmul` by
@@ -26,6 +26,10 @@ M = 16 / M = 1 ratio); `--out` gets decode_sweep.json (every row) and the kernel
 
 `--kernels DIR` loads the kernels a dry run wrote (the GPU machine then needs only numpy, MLX,
 CuPy and marlin_dsl's numpy parts); without it the kernels are compiled in the run.
+
+The default grid (fp4; k_warps 4, 8, 16; depth 1, 2; tile_n 16; unroll 1, 2; vectors 1, 2:
+48 kernels, the tuned ones among them, 144 timed problems) is sized for one 10-minute device call;
+`--formats int4,uint4_zp`, `--warps-n 1,2` are further runs of the same size or twice it.
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ def candidates(args) -> list[dict]:
     import marlin_dsl as md
     from marlin_dsl import CUDA
     from marlin_dsl.errors import ScheduleError
+    from marlin_dsl.layouts.weight_stream import stream_layout
     from marlin_dsl.schedule import Schedule, WeightStream
     from marlin_dsl.targets.cuda.tuning import tuned_schedule
 
@@ -71,11 +76,12 @@ def candidates(args) -> list[dict]:
     out: dict[str, dict] = {}
 
     def add(fmt_name: str, m: int, tile_m: int, warps_n: int, k_warps: int, depth: int, unroll: int,
-            tuned_for: tuple[int, int] | None = None) -> None:
-        name = f"{fmt_name}_m{tile_m}_n{16 * warps_n}_kw{k_warps}_d{depth}_u{unroll}"
+            vectors: int, tuned_for: tuple[int, int] | None = None) -> None:
+        name = f"{fmt_name}_m{tile_m}_n{16 * warps_n}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}"
         if name not in out:
             fmt = md.builtin_format(fmt_name)
-            sched = Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=tuned_schedule(fmt, 1).tile_k,
+            chunk = stream_layout(fmt, CUDA).dense_chunk
+            sched = Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=vectors * chunk,
                              warps_m=1, warps_n=warps_n,
                              pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll))
             try:
@@ -85,7 +91,7 @@ def candidates(args) -> list[dict]:
                 return
             out[name] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": 16 * warps_n,
                          "warps_n": warps_n, "k_warps": k_warps, "depth": depth, "unroll": unroll,
-                         "tuned_for": [], "schedule": sched}
+                         "vectors": vectors, "tuned_for": [], "schedule": sched}
         if tuned_for is not None:
             out[name]["tuned_for"].append(list(tuned_for))
 
@@ -96,11 +102,12 @@ def candidates(args) -> list[dict]:
             for k, n in shapes:
                 t = tuned_schedule(fmt, m, CUDA, k, n)
                 p = t.pipeline
-                add(fmt_name, m, t.tile_m, t.warps_n, p.k_warps, p.depth, getattr(p, "unroll", 1), (k, n))
-            for k_warps, depth, warps_n, unroll in itertools.product(
-                    ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll)):
+                add(fmt_name, m, t.tile_m, t.warps_n, p.k_warps, p.depth, p.unroll,
+                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n))
+            for k_warps, depth, warps_n, unroll, vectors in itertools.product(
+                    ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors)):
                 if 32 * k_warps * warps_n <= 1024:
-                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll)
+                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors)
     return list(out.values())
 
 
@@ -433,13 +440,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: build, print, nvcc, interpreter checks")
     ap.add_argument("--kernels", type=Path, help="kernels a dry run wrote (manifest.json)")
-    ap.add_argument("--formats", default="fp4,int4,uint4_zp")
+    ap.add_argument("--formats", default="fp4", help="e.g. fp4,int4,uint4_zp (3x the run)")
     ap.add_argument("--ms", default="1,16")
     ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096", help="KxN,...")
     ap.add_argument("--k-warps", default="4,8,16")
     ap.add_argument("--depth", default="1,2")
-    ap.add_argument("--warps-n", default="1,2", help="tile_n = 16 x warps_n")
+    ap.add_argument("--warps-n", default="1", help="tile_n = 16 x warps_n (1,2: twice the run)")
     ap.add_argument("--unroll", default="1,2")
+    ap.add_argument("--vectors", default="1,2", help="K vectors per step (tile_k = vectors x the layout's chunk)")
     ap.add_argument("--timer", default="ncu", choices=("ncu", "wall"))
     ap.add_argument("--baselines", default="copy,mlx_q4")
     ap.add_argument("--copies", type=int, default=4, help="weight copies rotated (wall timer)")

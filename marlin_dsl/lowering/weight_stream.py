@@ -48,7 +48,7 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
     def lower(self) -> Kernel:
         s, p = self.s, self.pipeline
         wn, wk = self.stream_setup(("lane", "warp"), "wk", "nt", clamp=False)
-        self.setup_fetch()
+        self.setup_fetch(s.tile_k // self.layout.dense_chunk)  # vectors per step
         depth, unroll, kw = p.depth, p.unroll, p.k_warps  # steps in flight; steps per iteration
         sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk")) for d in range(depth)]
         first = [v for fetched in sets for v in fetched]
@@ -74,8 +74,8 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
 
         carried = [("pf", first), ("acc", accs)]
         if unroll > 1:
-            # This warp's steps wk, wk + k_warps, .. < KV: `unroll` at a time, then the rest.
-            steps = self.ceil_div(self.op2("sub", self.op2("max", self.KV, wk, hint="ns"), wk, hint="ns"), kw)
+            # This warp's steps wk, wk + k_warps, .. < KS: `unroll` at a time, then the rest.
+            steps = self.ceil_div(self.op2("sub", self.op2("max", self.KS, wk, hint="ns"), wk, hint="ns"), kw)
             whole = self.op2("mul", self.op2("div", steps, unroll, hint="ns"), unroll * kw, hint="ns")
             split = self.op2("add", wk, whole, hint="ke")
             results = self.carried_for(wk, split, unroll * kw, carried, body(unroll), iv_hint="kv", hint="pre")
@@ -83,7 +83,7 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
             wk_rest = split
         else:
             wk_rest = wk
-        results = self.carried_for(wk_rest, self.KV, kw, carried, body(1), iv_hint="kv", hint="fin")
+        results = self.carried_for(wk_rest, self.KS, kw, carried, body(1), iv_hint="kv", hint="fin")
         self.reduce_and_store(results[len(first):], wk, wn, self.pairs.rebias if self.rebias_at_end else 1.0)
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
@@ -91,24 +91,30 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
             attrs={"k_warps": p.k_warps, "weight_layout": LAYOUT_NAME},
             memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)")
 
-    def step(self, kv: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
-        """One K vector: B fragments from device memory, A decoded from the fetched words."""
+    def step(self, ks: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
+        """One K step (`vectors` consecutive K vectors): B fragments from device memory, A
+        decoded from the fetched words."""
         mk = self.tile_k_dense
-        k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
         words, meta, params = self.unpack_fetched(fetched)
-        runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
-        k_tile: dict[int, Value] = {}
+        parts = []
+        for v, kv in enumerate(self.step_vectors(ks)):
+            k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+            runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
+            k_tile: dict[int, Value] = {}
 
-        def b_frags_for(s_: int) -> list[Value]:
-            k_tile[s_] = k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
-            if runs is not None:
-                return [self.b_fragment_from_run(run, s_) for run in runs]
-            return [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]
+            def b_frags_for(s_: int, k_vec0: Value = k_vec0, runs=runs, k_tile=k_tile) -> list[Value]:
+                k_tile[s_] = k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
+                if runs is not None:
+                    return [self.b_fragment_from_run(run, s_) for run in runs]
+                return [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]
+            parts.append((words[v], meta[v], b_frags_for))
+            if v == 0:
+                first_k_tile = k_tile
 
-        def params_for(j: int, s_: int) -> dict:
-            return params[j] if params is not None else self.row_params(j, k_tile[s_])
+        def params_for(j: int, s_: int) -> dict:  # several vectors per step: prefetched (k_whole)
+            return params[j] if params is not None else self.row_params(j, first_k_tile[s_])
 
-        return self.mma_k_tiles(accs, words, meta, b_frags_for, params_for)
+        return self.mma_k_tiles(accs, *parts[0], params_for, more=parts[1:])
 
 
 __all__ = ["WeightStreamLowering"]

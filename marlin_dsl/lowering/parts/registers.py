@@ -20,35 +20,50 @@ from .context import GemmParts
 class RegisterFetch(GemmParts):
     """Global -> registers loads of the weight stream."""
 
-    def setup_fetch(self) -> None:
-        """Loop-invariant clamps where K is whole vectors (after `stream_setup`)."""
+    def setup_fetch(self, vectors: int = 1) -> None:
+        """Steps of `vectors` consecutive K vectors (`KS` of them), and the loop-invariant
+        clamps where K is whole vectors (after `stream_setup`)."""
+        self.vectors = vectors
+        self.KS = self.KV if vectors == 1 else self.op2("div", self.KV, vectors, hint="ks")
         self.clamped = self.k_whole
         if not self.clamped:
             return
-        self.last_kv = self.op2("sub", self.KV, 1, hint="lk")
+        self.last_step = self.op2("sub", self.KS, 1, hint="lk")
         last_tile = self.op2("sub", self.NT, 1, hint="lt")
         self.fetch_tiles = [self.op2("min", nt, last_tile, hint="ntc") for nt in self.n_tiles]
         self.last_n = self.op2("sub", self.N, 1, hint="ln")
         self.last_m = self.op2("sub", self.M, 1, hint="lm")
 
-    def fetch(self, kv: Value, clamp: bool = True) -> list[Value]:
-        """What step kv reads from device memory before it computes: every N tile's weight
-        vector, then (when prefetched) each tile's scales and zero points per row offset.
-        With clamped loads, `clamp` reads step min(kv, KV - 1) (False: kv < KV is known)."""
+    def step_vectors(self, ks: Value) -> list[Value]:
+        """The K vectors of step ks: ks * vectors + v."""
+        if self.vectors == 1:
+            return [ks]
+        kv0 = self.op2("mul", ks, self.vectors, hint="kv")
+        return [kv0] + [self.op2("add", kv0, v, hint="kv") for v in range(1, self.vectors)]
+
+    def fetch(self, ks: Value, clamp: bool = True) -> list[Value]:
+        """What step ks reads from device memory before it computes: every vector's and N
+        tile's weight words (and sparse metadata), then (when prefetched) each tile's scales
+        and zero points per row offset, once: a step lies in one group. With clamped loads,
+        `clamp` reads step min(ks, KS - 1) (False: ks < KS is known)."""
         if self.clamped and clamp:
-            kv = self.op2("min", kv, self.last_kv, hint="kc")
-        out = [self.load_words(j, kv) for j in range(self.nsub)]
+            ks = self.op2("min", ks, self.last_step, hint="kc")
+        kvs = self.step_vectors(ks)
+        out = [self.load_words(j, kv) for kv in kvs for j in range(self.nsub)]
         if self.sparse:
-            out += [self.load_meta(j, kv) for j in range(self.nsub)]
+            out += [self.load_meta(j, kv) for kv in kvs for j in range(self.nsub)]
         if self.prefetch_params:
-            out += self.fetch_params(kv)
+            out += self.fetch_params(kvs[0])
         return out
 
-    def unpack_fetched(self, fetched: list[Value]) -> tuple[list[Value], list[Value], list[dict] | None]:
-        """fetch's values back as (weight vectors, metadata, group parameters or None)."""
-        words = fetched[:self.nsub]
-        used = 2 * self.nsub if self.sparse else self.nsub
-        meta = fetched[self.nsub:used]
+    def unpack_fetched(self, fetched: list[Value]) -> tuple[list[list[Value]], list[list[Value]], list[dict] | None]:
+        """fetch's values back as (weight vectors [vector][N tile], metadata [vector][N tile],
+        group parameters or None)."""
+        per = self.vectors * self.nsub
+        words = [fetched[v * self.nsub:(v + 1) * self.nsub] for v in range(self.vectors)]
+        used = 2 * per if self.sparse else per
+        meta = [fetched[per + v * self.nsub:per + (v + 1) * self.nsub] for v in range(self.vectors)] \
+            if self.sparse else [[] for _ in range(self.vectors)]
         if not self.prefetch_params:
             return words, meta, None
         return words, meta, self.unpack_params(fetched[used:])

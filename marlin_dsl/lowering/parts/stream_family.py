@@ -183,25 +183,29 @@ class StreamFamily(GemmParts):
 
     def mma_k_tiles(self, accs: list[Value], words: list[Value], meta: list[Value],
                     b_frags_for: Callable[[int], list[Value]],
-                    params_for: Callable[[int, int], dict[int, GroupValues]]) -> list[Value]:
+                    params_for: Callable[[int, int], dict[int, GroupValues]],
+                    more: Sequence[tuple[list[Value], list[Value], Callable[[int], list[Value]]]] = ()) -> list[Value]:
         """One K step's MMAs: per K tile of the layout, the B fragments (`b_frags_for(tile)`),
-        then per N tile j its A fragment (decoded with `params_for(j, tile)`) times each B."""
+        then per N tile j its A fragment (decoded with `params_for(j, tile)`) times each B.
+        `more`: further vectors of the step, (words, meta, b_frags_for) each, in the same
+        scale group: their MMAs add into the same sums, scaled once."""
         b, lay = self.b, self.layout
         new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs] if self.scale_sums else list(accs)
-        for s_ in range(lay.tiles):
-            b_frags = b_frags_for(s_)
-            for j in range(self.nsub):
-                a = self.a_fragment(words[j], s_, params_for(j, s_))
-                if self.sparse:
-                    m_word = meta[j] if lay.meta_words == 1 else \
-                        b.value("extract", [meta[j]], U32, {"index": s_ // 2}, hint="mw")
-                for mt in range(self.msub):
-                    i = j * self.msub + mt
-                    if self.sparse:  # tile pairs share a metadata word: selector = tile parity
-                        new[i] = b.value("mma_sp", [a, b_frags[mt], new[i], m_word], self.frag_c,
-                                         {"selector": s_ % 2}, hint="acc")
-                    else:
-                        new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
+        for words, meta, b_frags_for in [(words, meta, b_frags_for), *more]:
+            for s_ in range(lay.tiles):
+                b_frags = b_frags_for(s_)
+                for j in range(self.nsub):
+                    a = self.a_fragment(words[j], s_, params_for(j, s_))
+                    if self.sparse:
+                        m_word = meta[j] if lay.meta_words == 1 else \
+                            b.value("extract", [meta[j]], U32, {"index": s_ // 2}, hint="mw")
+                    for mt in range(self.msub):
+                        i = j * self.msub + mt
+                        if self.sparse:  # tile pairs share a metadata word: selector = tile parity
+                            new[i] = b.value("mma_sp", [a, b_frags[mt], new[i], m_word], self.frag_c,
+                                             {"selector": s_ % 2}, hint="acc")
+                        else:
+                            new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
         if not self.scale_sums:
             return new
         out = []
