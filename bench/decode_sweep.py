@@ -211,11 +211,6 @@ def sass_counts(cands: list[dict]) -> dict[str, float]:
 
 # ----- on the GPU --------------------------------------------------------------------------------------
 
-def problems(args) -> list[tuple[int, int, int]]:
-    """(M, K, N) of the timed problems."""
-    return [(m, k, n) for k, n in parse_shapes(args.shapes) for m in ints(args.ms)]
-
-
 def check_on_gpu(cands: list[dict], args) -> None:
     """Correctness of every candidate on every timed shape and a tail: c["checks"], c["ok"]."""
     import mlx.core as mx
@@ -224,7 +219,7 @@ def check_on_gpu(cands: list[dict], args) -> None:
     from marlin_dsl.checks.format_check import sample_weights
 
     rng = np.random.default_rng(args.seed)
-    shapes = sorted({(k, n) for _, k, n in problems(args)})
+    shapes = sorted(set(parse_shapes(args.shapes)))
     shapes.append((shapes[0][0], shapes[0][1] + TAIL_N))
     for c in cands:
         c["launcher"] = launcher_for(c)
@@ -321,25 +316,46 @@ def subjects(cands: list[dict], args) -> list[tuple[dict, object]]:
     return out
 
 
-def drive(cands: list[dict], args) -> None:
-    """Under ncu: each subject warmed, then launched once between two marker kernels."""
+def marker_launch():
+    """launch(): a tiny CuPy kernel named MARKER, then a device sync: brackets one subject in
+    the ncu log (bench/ncu_profile.py's `parse` splits the rows at these)."""
     import cupy as cp
-    import mlx.core as mx
 
     marker = cp.RawKernel(r'extern "C" __global__ void mdsl_marker(int* p) { if (p) p[0] = 1; }', MARKER)
+
+    def launch() -> None:
+        marker((1,), (32,), (0,))
+        cp.cuda.runtime.deviceSynchronize()
+    return launch
+
+
+def drive(cands: list[dict], args) -> None:
+    """Under ncu: each subject warmed, then launched once between two marker kernels."""
+    import mlx.core as mx
+
+    marker = marker_launch()
     labels = []
     for label, launch in subjects(cands, args):
         for _ in range(2):
             mx.eval(launch())
         mx.synchronize()
-        marker((1,), (32,), (0,))
-        cp.cuda.runtime.deviceSynchronize()
+        marker()
         mx.eval(launch())
         mx.synchronize()
-        marker((1,), (32,), (0,))
-        cp.cuda.runtime.deviceSynchronize()
+        marker()
         labels.append(label)
     Path(args.labels).write_text(json.dumps(labels))
+
+
+def ncu_command(args) -> list[str]:
+    """ncu profiling this script in --drive mode: the passing kernels and the baselines,
+    every kernel on a flushed L2, clocks left alone."""
+    return ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--cache-control", "all",
+            "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum", "--log-file", str(args.out / "ncu.csv"),
+            sys.executable, __file__, "--drive", "--out", str(args.out), "--kernels", str(args.kernels),
+            "--labels", args.labels, "--shapes", args.shapes, "--ms", args.ms, "--formats", args.formats,
+            "--baselines", args.baselines, "--passed", str(args.out / "passed.json"), "--copies", "1",
+            "--seed", str(args.seed)]
 
 
 def time_with_ncu(args) -> list[dict]:
@@ -348,17 +364,11 @@ def time_with_ncu(args) -> list[dict]:
     if shutil.which("ncu") is None:
         print("ncu (Nsight Compute) is not on PATH: add it, or time with --timer wall")
         raise SystemExit(2)
-    log = args.out / "ncu.csv"
-    cmd = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--cache-control", "all",
-           "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum", "--log-file", str(log),
-           sys.executable, __file__, "--drive", "--kernels", str(args.kernels), "--labels", args.labels,
-           "--shapes", args.shapes, "--ms", args.ms, "--formats", args.formats, "--baselines", args.baselines,
-           "--passed", str(args.out / "passed.json"), "--copies", "1", "--seed", str(args.seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    proc = subprocess.run(ncu_command(args), capture_output=True, text=True, env=dict(os.environ))
     print(proc.stdout[-2000:], proc.stderr[-2000:])
     if proc.returncode:
         raise SystemExit(proc.returncode)
-    return parse(log.read_text(), json.loads(Path(args.labels).read_text()))
+    return parse((args.out / "ncu.csv").read_text(), json.loads(Path(args.labels).read_text()))
 
 
 def time_with_wall(cands: list[dict], args) -> list[dict]:

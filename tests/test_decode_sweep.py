@@ -47,10 +47,16 @@ def test_dry_run_builds_compiles_and_checks_every_kernel(tmp_path: Path) -> None
 
 
 class InterpreterGemm:
-    """Stands in for `CudaGemm` (weights, weight_copies, call with poison): the IR interpreter."""
+    """Stands in for `CudaGemm` (weights, weight_copies, call with poison): the IR interpreter.
+    A candidate loaded from a kernels folder (the --drive process) has no IR: the one seen
+    under its name in this process serves."""
+
+    seen: dict[str, object] = {}
 
     def __init__(self, c: dict, corrupt: bool = False) -> None:
-        self.kernel, self.corrupt = c["kernel"], corrupt
+        if "kernel" in c:
+            self.seen[c["name"]] = c["kernel"]
+        self.kernel, self.corrupt = self.seen[c["name"]], corrupt
 
     def weights(self, packed):
         return packed
@@ -85,3 +91,42 @@ def test_gpu_path_checks_times_and_summarises(tmp_path: Path, monkeypatch, capsy
         assert rc == 0 and not result["failed"] and timed == set(kernels)
         assert all(c["rel_error"] < 2e-3 for k in kernels.values() for c in k["checks"])
     assert "256x48" in out and "kernels correct" in out
+
+
+def test_ncu_path_drives_itself_and_reads_the_log(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The ncu timer: the command it runs re-enters the script in --drive mode (run here in
+    process, the interpreter as launcher and no marker kernels), which brackets every subject;
+    a log as ncu writes it (marker, kernel, marker per subject) is read back by subject."""
+    monkeypatch.setattr(decode_sweep, "launcher_for", lambda c: InterpreterGemm(c))
+    monkeypatch.setattr(decode_sweep, "copy_baseline", lambda k, n: lambda: mx.array(0))
+    monkeypatch.setattr(decode_sweep, "marker_launch", lambda: lambda: None)
+    monkeypatch.setattr(decode_sweep.shutil, "which", lambda name: f"/usr/bin/{name}")
+    commands = []
+
+    def fake_ncu(cmd, **_):
+        done = type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+        if cmd[0] != "ncu":  # nvidia-smi, for the device's name
+            return done
+        commands.append(cmd)
+        assert cmd[0] == "ncu" and "--cache-control" in cmd and cmd[cmd.index("--cache-control") + 1] == "all"
+        child = cmd[cmd.index(decode_sweep.__file__) + 1:]
+        assert decode_sweep.main(child) == 0  # the --drive process
+        labels = json.loads(Path(child[child.index("--labels") + 1]).read_text())
+        lines = ['"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum"', '"","","nsecond","byte"']
+        for i, label in enumerate(labels):
+            name = label.get("kernel", label["subject"])
+            lines += [f'"{3 * i}","mdsl_marker","1000","0"', f'"{3 * i + 1}","{name}","{2000 + i}","4096"',
+                      f'"{3 * i + 2}","mdsl_marker","1000","0"']
+        (tmp_path / "ncu.csv").write_text("==PROF== preamble\n" + "\n".join(lines) + "\n")
+        return done
+
+    monkeypatch.setattr(decode_sweep.subprocess, "run", fake_ncu)
+    rc = decode_sweep.main(["--out", str(tmp_path), "--ms", "1", "--shapes", "256x48", "--timer", "ncu",
+                            "--labels", str(tmp_path / "labels.json"), *SMALL])
+    assert rc == 0 and len(commands) == 1
+    result = json.loads((tmp_path / "decode_sweep.json").read_text())
+    rows = {r.get("kernel", r["subject"]): r for r in result["rows"]}
+    assert {"copy", "mlx_q4", "fp4_m8_n16_kw4_d1_u1_v1"} <= set(rows)
+    assert all(r["time_ns"] >= 2000 and r["kernels"] == [r.get("kernel", r["subject"])] for r in rows.values())
+    assert rows["fp4_m8_n16_kw4_d1_u1_v1"]["pct_of_copy_bw"] is not None
+    assert "256x48" in capsys.readouterr().out
