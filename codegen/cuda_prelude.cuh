@@ -44,9 +44,11 @@
 
 namespace mdsl {
 
-// Aligned to its size where that is 4, 8 or 16 bytes, so a vload is one vector access.
+// Aligned to its size where that is 4, 8 or 16 bytes, so a vload is one vector access; to 16
+// where it is a multiple of 16, so a vload is that many 128-bit accesses from one address.
 template <typename T, int N>
 struct alignas((sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16) ? sizeof(T) * N
+               : (sizeof(T) * N) % 16 == 0                                      ? 16
                                                                                   : alignof(T)) vec {
   T v[N];
 };

@@ -307,3 +307,20 @@ def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) ->
 
     phys = to_kernel_layout(src.attrs, packed)
     assert phys.layout == "lane_stream" and phys.arrays["qweight"].shape == (2 * 2 * 32 * 4,)  # 2 N tiles x 2 vectors of 64 stored K
+
+
+@pytest.mark.parametrize("group,size", [(128, 16), ("K", 8), (32, 2)])
+def test_activation_run_in_one_vload_where_k_is_whole(group, size: int) -> None:
+    """A lane's 16 activations of a vector step are one 32-byte vload where K is a multiple of
+    the group (every row's run stays aligned), printed as one access from one address (two
+    128-bit loads); 8 at a time with per-column scales (rows only K-granule aligned); pairs
+    without the K shuffle (groups smaller than a vector)."""
+    from marlin_dsl.targets import emit
+
+    fmt = md.builtin_format("fp4", group)
+    kernel = compile_gemm(Gemm("ws_run", fmt, md.tuned_schedule(fmt, 1), "f16"), CUDA).kernel
+    sizes = {op.attrs["size"] for op in kernel.walk() if op.name == "vload" and op.attrs["buffer"] == "x"}
+    assert sizes == {size}
+    body = emit(kernel, CUDA).body
+    spelled = "__half2" if size == 2 else f"mdsl::vec<__half, {size}>"
+    assert f"*reinterpret_cast<const {spelled}*>(&x[" in body

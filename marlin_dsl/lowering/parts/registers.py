@@ -12,6 +12,8 @@ apart). Prefetches past the warp's last step read the last vector (`fetch(clamp=
 values are never used. So the loop issues no compares and no zero-fills for its loads."""
 from __future__ import annotations
 
+import math
+
 from ...ir import U32, Value, VectorType
 from ...layouts.weight_stream import VECTOR_WORDS
 from .context import GemmParts
@@ -28,6 +30,8 @@ class RegisterFetch(GemmParts):
         self.clamped = self.k_whole
         if not self.clamped:
             return
+        if self.x_perm:  # K, a multiple of the group, keeps every row's run aligned: one vload
+            self.x_vec = math.gcd(int(self.fmt.scale.group_size), self.layout.x_run, self.layout.dense_chunk)
         self.last_step = self.op2("sub", self.KS, 1, hint="lk")
         last_tile = self.op2("sub", self.NT, 1, hint="lt")
         self.fetch_tiles = [self.op2("min", nt, last_tile, hint="ntc") for nt in self.n_tiles]

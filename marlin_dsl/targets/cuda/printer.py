@@ -384,10 +384,13 @@ class _Printer(MmaEmitters, CPrinter):
     }
 
     def wide_load(self, t: Type, buffer: str) -> bool:
-        """A vload printed as one vector access: 4, 8 or 16 bytes, not through __ldcg."""
+        """A vload printed as one vector access: 4, 8 or 16 bytes, or a multiple of 16 (that
+        many 128-bit accesses from one address: the prelude aligns such a vec to 16), not
+        through __ldcg."""
         _, elem, kind = self.memory(buffer)
         assert isinstance(t, VectorType)
-        return kind != "readwrite" and elem.bits * t.size in (32, 64, 128) and elem.bits >= 16
+        bits = elem.bits * t.size
+        return kind != "readwrite" and (bits in (32, 64) or bits % 128 == 0) and elem.bits >= 16
 
     def _scalar(self, t: Type, op: Op) -> ScalarType:
         if not isinstance(t, ScalarType):
