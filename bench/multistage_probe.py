@@ -46,7 +46,7 @@ def main() -> int:
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import Gemm, Multistage, Schedule
-    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+    from marlin_dsl.targets.cuda.tuning import multistage_schedule
     from marlin_dsl.targets import CUDA
 
     rng = np.random.default_rng(0)
@@ -65,7 +65,7 @@ def main() -> int:
     def schedule(fmt, cfg) -> Schedule:
         tm, tn, wm, wn, st = cfg
         return Schedule(f"ms_{tm}x{tn}_{wm}x{wn}_s{st}", tile_m=tm, tile_n=tn,
-                        tile_k=tuned_schedule(fmt, 1).tile_k, warps_m=wm, warps_n=wn,
+                        tile_k=multistage_schedule(fmt, 2048).tile_k, warps_m=wm, warps_n=wn,
                         pipeline=Multistage(stages=st))
 
     def rel_error(gemm, weights, x, packed) -> float:

@@ -64,7 +64,7 @@ def subjects(args):
     from marlin_dsl import builtin_format, pack
     from marlin_dsl.targets.cuda.launch import build_cuda_kernel
     from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+    from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule
     from marlin_dsl.schedule import Gemm, Multistage, Schedule, WeightStream
     from marlin_dsl.targets import CUDA
 
@@ -101,7 +101,7 @@ extern "C" __global__ void mdsl_copy(const uint4* __restrict__ src, uint4* __res
                              warps_n=wn, pipeline=WeightStream(k_warps=kw, depth=d))
                     for tm, tn, wn, kw, d in (tuple(int(v) for v in e.split(":")) for e in args.extra.split(",") if e)
                     if tm >= min(m, 16)] + [
-                    Schedule("extra_ms", tile_m=tm, tile_n=tn, tile_k=tuned_schedule(fmt, m).tile_k, warps_m=wm,
+                    Schedule("extra_ms", tile_m=tm, tile_n=tn, tile_k=multistage_schedule(fmt, 2048).tile_k, warps_m=wm,
                              warps_n=wn, pipeline=Multistage(stages=st))
                     for tm, tn, wm, wn, st in (tuple(int(v) for v in e.split(":")) for e in args.multistage.split(",") if e)]
                 for sched in scheds:

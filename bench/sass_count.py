@@ -3,15 +3,18 @@
 Compiles each kernel with nvcc for sm_90 (`marlin_dsl.targets.cuda.nvcc`), disassembles the
 cubin with `cuobjdump -sass` (needs `nvdisasm` beside it or on PATH; the CUDA toolkit has both)
 and counts the instructions of the kernel's main loop: the longest backward branch's body, which
-for the weight-stream and multistage kernels is the K loop. Reported per loop iteration and per
-weight a lane decodes, by opcode: the "instructions per weight" the issue-15 notes quote.
+for the weight-stream and multistage kernels is the K loop. Reported per loop iteration, per K
+step (a weight-stream loop unrolled, by its `unroll` or by ptxas, runs several steps per
+iteration: counted from its MMAs) and per weight a lane decodes, by opcode: the "instructions
+per weight" the issue-15 notes quote.
 
-    python bench/sass_count.py --formats fp4,int4 --ms 1,16 [--k 4096 --n 14336] [--show]
+    python bench/sass_count.py --formats fp4,int4 --ms 1,16 [--k 4096 --n 14336] [--unroll 1] [--show]
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -64,6 +67,15 @@ def count(src, weights_per_iteration: int) -> dict:
             "loop": [f"{addr:#06x}  {op} {args.strip()}" for addr, op, args in loop]}
 
 
+def steps_per_loop(ops: dict, schedule, layout) -> int:
+    """K steps one pass of the loop runs: its MMAs over one step's (layout.tiles K tiles x N
+    tiles x M tiles of a warp); ptxas unrolls some loops by itself, the pipeline's `unroll`
+    others. 1 where the loop has no MMA (not a weight-stream loop)."""
+    mm, mn = 16, 8  # CUDA's mma.sync m16n8k16 / mma.sp m16n8k32: A 16 N rows, B 8 M columns
+    per_step = layout.tiles * (schedule.tile_n // schedule.warps_n // mm) * (schedule.tile_m // mn)
+    return max(1, ops.get("HMMA", 0) // per_step)
+
+
 def main() -> int:
     from marlin_dsl import builtin_format
     from marlin_dsl.compiler import compile_gemm
@@ -78,20 +90,27 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=14336)
     ap.add_argument("--act", default="f16")
+    ap.add_argument("--unroll", type=int, default=None, help="override the weight stream's unroll")
     ap.add_argument("--show", action="store_true", help="print the loop's SASS of the first kernel")
     args = ap.parse_args()
-    print(f"{'format':10} {'M':>4} {'schedule':22} {'loop instr':>10} {'per weight':>10}  top opcodes")
+    print(f"{'format':10} {'M':>4} {'schedule':22} {'loop instr':>10} {'steps':>5} {'per step':>8} "
+          f"{'per weight':>10}  top opcodes")
     for name in args.formats.split(","):
         fmt = builtin_format(name)
         for m in (int(v) for v in args.ms.split(",")):
             s = tuned_schedule(fmt, m, CUDA, args.k, args.n)
+            if args.unroll is not None and hasattr(s.pipeline, "unroll"):
+                s = dataclasses.replace(s, pipeline=dataclasses.replace(s.pipeline, unroll=args.unroll))
             src = emit(compile_gemm(Gemm(f"sass_{name}_{m}", fmt, s, activation=args.act), CUDA).kernel, CUDA)
             lay = stream_layout(fmt, CUDA)
-            # weights one lane decodes per loop iteration: one vector per N tile of the warp
+            # weights one lane decodes per K step: one vector per N tile of the warp
             per_lane = lay.chunk * 16 // 32 * (s.tile_n // s.warps_n // 16)
             r = count(src, per_lane)
+            steps = steps_per_loop(r["ops"], s, lay) if s.pipeline.kind == "weight_stream" else 1
+            r["per_weight"] /= steps
             top = " ".join(f"{k}:{v}" for k, v in list(r["ops"].items())[:8])
-            print(f"{name:10} {m:4d} {s.name:22} {r['loop_instructions']:10d} {r['per_weight']:10.2f}  {top}")
+            print(f"{name:10} {m:4d} {s.name:22} {r['loop_instructions']:10d} {steps:5d} "
+                  f"{r['loop_instructions'] / steps:8.1f} {r['per_weight']:10.2f}  {top}")
             if args.show:  # the first kernel's loop only
                 print("\n".join(r["loop"]))
                 args.show = False

@@ -44,9 +44,11 @@
 
 namespace mdsl {
 
-// Aligned to its size where that is 4, 8 or 16 bytes, so a vload is one vector access.
+// Aligned to its size where that is 4, 8 or 16 bytes, so a vload is one vector access; to 16
+// where it is a multiple of 16, so a vload is that many 128-bit accesses from one address.
 template <typename T, int N>
 struct alignas((sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16) ? sizeof(T) * N
+               : (sizeof(T) * N) % 16 == 0                                      ? 16
                                                                                   : alignof(T)) vec {
   T v[N];
 };
@@ -143,6 +145,27 @@ template <int I, typename T, int N>
 __device__ __forceinline__ uint32_t vec_word(const vec<T, N>& v) {
   static_assert(sizeof(T) == 2 && 2 * I + 1 < N, "vec_word: a word of a vector of 16-bit elements");
   return reinterpret_cast<const uint32_t*>(v.v)[I];
+}
+
+// The IR's lop3: result bit i = bit (4 a_i + 2 b_i + c_i) of LUT. As PTX's own lop3.b32, so
+// that ptxas keeps it one LOP3 where two of the operands are constants: written as C, a mask
+// and an OR with two immediates become two LOP3s (LOP3 takes one immediate), e.g. an integer
+// code's AND with its mask and OR with the f16 magic number (lowering/pair_decode.py).
+template <int LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef __CUDA_ARCH__
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return d;
+#else
+  uint32_t d = 0u;
+  for (int i = 0; i < 8; ++i) {
+    if ((LUT >> i) & 1) {
+      d |= ((i & 4) ? a : ~a) & ((i & 2) ? b : ~b) & ((i & 1) ? c : ~c);
+    }
+  }
+  return d;
+#endif
 }
 
 template <typename P>

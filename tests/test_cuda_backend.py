@@ -271,6 +271,8 @@ def _every_scalar_rule_kernel() -> Kernel:
                 out(op.result)
         if t.is_float:
             out(b.value("fma", [a, c, a], t))
+        if t == U32:  # PTX lop3.b32 through the prelude's mdsl::lop3
+            out(b.value("lop3", [a, c, a], t, {"lut": 0xEA}))
         out(b.select(b.binary("ne", tid, 0), a, c))
         for d in types:
             out(b.cast(a, d))

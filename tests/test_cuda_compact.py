@@ -64,11 +64,13 @@ def test_compact_keeps_every_token_but_comments(printed) -> None:
 
 
 def test_compact_is_much_shorter(printed) -> None:
-    """Shorter everywhere; the decode kernels (whose launch cost matters) by a third."""
+    """Shorter everywhere; the decode kernels by more than a quarter (a third before their
+    steps held two weight vectors: the longer body, bf16's scalar decode most, shrinks less
+    than the prelude's comments; launches hand MLX an #include, not the text: launch_text.py)."""
     for src in printed:
         compact = src.compact()
         ratio = (len(compact.header) + len(compact.body)) / (len(src.header) + len(src.body))
-        assert ratio < (0.7 if "stream_m8" in src.name else 0.85), (src.name, ratio)
+        assert ratio < (0.75 if "stream_m8" in src.name else 0.85), (src.name, ratio)
 
 
 def test_squeezing_keeps_operators_apart() -> None:

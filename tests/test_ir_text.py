@@ -126,6 +126,7 @@ def every_op_kernel() -> Kernel:
     b.op("wgmma_commit")
     b.op("wgmma_wait", attrs={"pending": 1})
     b.value("wgmma_wait", [acc_w2, fa16], wide, {"pending": 0}, hint="accw")
+    b.value("lop3", [tid, four, one], U32, {"lut": 0xEA}, hint="l3")  # (a & b) | c
 
     # if without results, switch with results and a nested switch.
     with b.region() as then:

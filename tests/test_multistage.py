@@ -31,7 +31,7 @@ ASYNC_OPS = {"async_copy", "async_commit", "async_wait", "frag_elems"}
 
 def step_k(fmt) -> int:
     """The dense K of one multistage step (the layout's vector chunk)."""
-    return md.tuned_schedule(fmt, 1).tile_k
+    return md.multistage_schedule(fmt, 2048).tile_k
 
 
 def ms_schedule(fmt, stages: int = 3, tile_m: int = 32, tile_n: int = 64, warps_m: int = 2,

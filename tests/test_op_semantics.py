@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from marlin_dsl.ir import (
 from marlin_dsl.ir.interpret import InterpreterError, round_bf16, run_kernel
 from marlin_dsl.ir.ops import OPS
 from marlin_dsl.passes import FoldPass
+from marlin_dsl.ir.semantics import Signature, lop3
+from marlin_dsl.targets.c_printer import lop3_expression
 
 TYPES = [BOOL, U8, U16, U32, I32, F16, BF16, F32]
 INTS = [U8, U16, U32, I32]
@@ -80,6 +83,7 @@ def _cases() -> dict[str, list[tuple[list[ScalarType], ScalarType, dict, list[Co
     for n in ("and", "or", "xor", "shl", "shr"):
         cases[n] = [([t, t], t, {}, []) for t in [BOOL, *INTS]]
     cases["fma"] = [([t, t, t], t, {}, []) for t in FLOATS]
+    cases["lop3"] = [([U32, U32, U32], U32, {"lut": lut}, []) for lut in (0xEA, 0x96, 0x1B, 0x00, 0xFF)]
     for n in ("lt", "le", "gt", "ge", "eq", "ne"):
         cases[n] = [([t, t], BOOL, {}, []) for t in TYPES]
     cases["select"] = [([BOOL, t, t], t, {}, []) for t in TYPES]
@@ -120,3 +124,21 @@ def test_folding_equals_interpreting(name: str) -> None:
                 folded += 1
                 assert want is not InterpreterError, f"{where}: folded an op the interpreter refuses"
     assert folded, f"{name}: no case folded"
+
+
+def test_lop3_semantics_and_c_spelling_agree_on_every_truth_table() -> None:
+    """lop3's truth table read bit by bit, its numpy semantics and the C expression the Metal
+    printer spells (`lop3_expression`) agree for all 256 tables."""
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.integers(0, 2**32, size=16, dtype=np.uint64).astype(np.uint32) for _ in range(3))
+    for lut in range(256):
+        run = lop3(Signature("lop3", {"lut": lut}, (U32, U32, U32), U32))
+        got, _ = run(a, b, c)
+        want = [sum(((lut >> (4 * (int(x) >> i & 1) + 2 * (int(y) >> i & 1) + (int(z) >> i & 1))) & 1) << i
+                    for i in range(32)) for x, y, z in zip(a, b, c)]
+        np.testing.assert_array_equal(got, np.array(want, np.uint32), err_msg=f"lut {lut:#x}")
+        expr = lop3_expression(lut, "x", "y", "z")
+        for x, y, z, w in itertools.islice(zip(a, b, c, want), 4):
+            python = re.sub(r"~(\w)", r"(0xFFFFFFFF ^ \1)", expr).replace("0u", "0")
+            value = eval(python, {"x": int(x), "y": int(y), "z": int(z)})
+            assert value & 0xFFFFFFFF == w, (hex(lut), expr)

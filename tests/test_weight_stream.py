@@ -3,6 +3,8 @@ interpreter against the float64 reference, tails included), the sparse MMA path 
 schedule's errors, and nvcc compiles of the printed kernels."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
 
 
 def small_schedule(fmt, tile_m: int = 8, warps_n: int = 2, k_warps: int = 2, depth: int = 2) -> Schedule:
-    tile_k = md.tuned_schedule(fmt, 1).tile_k
+    tile_k = stream_layout(fmt, CUDA).dense_chunk  # one vector per step
     return Schedule("ws_test", tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
                     warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
 
@@ -34,11 +36,12 @@ def _lane_codes(layout, words: np.ndarray, nt: int, kv: int) -> np.ndarray:
     w = words.reshape(nt, kv, layout.lanes, VECTOR_WORDS)
     pairs = layout.tiles * layout.per_lane // 2
     out = np.zeros((nt, kv, layout.lanes, pairs, 2), np.int64)
-    mask = (1 << layout.bits) - 1
+    positions = layout.bit_order.positions  # [slot][code bit] -> bit of a 16-bit half
     for j in range(pairs):
-        word, shift = divmod(j, 16 // layout.bits)
-        out[..., j, 0] = (w[..., word] >> (shift * layout.bits)) & mask
-        out[..., j, 1] = (w[..., word] >> (16 + shift * layout.bits)) & mask
+        word, slot = divmod(j, 16 // layout.bits)
+        for i, pos in enumerate(positions[slot]):  # one bit at a time, independent of pack()
+            out[..., j, 0] |= ((w[..., word].astype(np.int64) >> pos) & 1) << i
+            out[..., j, 1] |= ((w[..., word].astype(np.int64) >> (16 + pos)) & 1) << i
     return out.reshape(nt, kv, layout.lanes, layout.tiles, layout.per_lane)
 
 
@@ -124,7 +127,7 @@ def test_stream_kernel_matches_reference(fmt_name: str, act: str) -> None:
     gemm = Gemm(f"ws_{fmt_name}", fmt, small_schedule(fmt), act)
     kernel = compile_gemm(gemm, CUDA).kernel
     rng = np.random.default_rng(11)
-    k = 2 * md.tuned_schedule(fmt, 1).tile_k if fmt.scale.group_size == "K" else 256
+    k = 2 * stream_layout(fmt, CUDA).dense_chunk if fmt.scale.group_size == "K" else 256
     for shape in [(1, 33, k), (3, 40, k), (65, 49, k)]:  # M = 1, 3, 65; N tails
         result = check_kernel(gemm, kernel, shape, rng)
         assert result.untouched_poison == 0, shape
@@ -141,6 +144,43 @@ def test_k_tail_shorter_than_a_vector(fmt_name: str) -> None:
     k = 96 if fmt_name == "fp4" else 160
     result = check_kernel(gemm, kernel, (5, 20, k), np.random.default_rng(2))
     assert result.ok, result
+
+
+@pytest.mark.parametrize("unroll,depth,vectors", [(1, 1, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (1, 1, 2), (2, 2, 2)])
+@pytest.mark.parametrize("fmt_name,group", [("fp4", 128), ("fp4", 32), ("uint4_zp", 256), ("fp4_2of4", 256)])
+def test_unrolled_k_loop_and_its_remainder(fmt_name: str, group: int, unroll: int, depth: int, vectors: int) -> None:
+    """Warps with different step counts (0 .. 3 steps: 6 or 7 steps over 4 K warps) run the
+    unrolled loop, its remainder or neither; steps of 1 or 2 vectors (tile_k = 2 chunks: one
+    scale group per step); group >= 128 reads clamped, unpredicated loads (K whole vectors),
+    group 32 predicated ones with a K tail (and one vector per step)."""
+    if group == 32 and vectors > 1:
+        pytest.skip("group 32: one vector per step (test_multi_vector_steps_need_whole_groups)")
+    fmt = md.builtin_format(fmt_name, group)
+    chunk = stream_layout(fmt, CUDA).dense_chunk
+    sched = Schedule("ws_unroll", tile_m=8, tile_n=32, tile_k=vectors * chunk, warps_m=1,
+                     warps_n=2, pipeline=WeightStream(k_warps=4, depth=depth, unroll=unroll))
+    gemm = Gemm("ws_unroll", fmt, sched, "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    k = 6 * sched.tile_k if group >= 128 else 7 * chunk - 32  # group 32: a K tail in the last vector
+    k = -(-k // group) * group if group >= 128 else k  # K a multiple of the group: 6 or 7 steps
+    loads = [op for op in kernel.walk() if op.name in ("vload", "load") and op.attrs["buffer"] in ("x", "qweight")]
+    assert all(len(op.operands) == 1 for op in loads) == (group >= 128)  # no predicate where K is whole
+    scale_loads = [op for op in kernel.walk() if op.name == "load" and op.attrs["buffer"] == "scales"]
+    weight_loads = [op for op in kernel.walk() if op.name == "vload" and op.attrs["buffer"] == "qweight"]
+    if group >= 128:  # per N tile: `vectors` weight vectors, the scales of the lane's 2 rows once
+        assert 2 * len(weight_loads) == vectors * len(scale_loads)
+    result = check_kernel(gemm, kernel, (3, 40, k), np.random.default_rng(unroll * 10 + depth))
+    assert result.ok, result
+
+
+def test_multi_vector_steps_need_whole_groups() -> None:
+    fmt = md.builtin_format("fp4", 64)  # a group of one vector: a step of two would span two
+    sched = Schedule("ws_two", tile_m=8, tile_n=16, tile_k=128, warps_m=1, warps_n=1,
+                     pipeline=WeightStream(k_warps=4))
+    with pytest.raises(ScheduleError, match="scale groups that cover whole steps"):
+        compile_gemm(Gemm("ws_two", fmt, sched, "f16"), CUDA)
+    with pytest.raises(ScheduleError, match="tile_k=64"):
+        compile_gemm(Gemm("ws_odd", fmt, dataclasses.replace(sched, tile_k=96), "f16"), CUDA)
 
 
 def test_default_stream_schedules_run() -> None:
@@ -171,7 +211,7 @@ def test_tuned_schedule_buckets() -> None:
 
 def test_stream_kernel_text_round_trips() -> None:
     fmt = md.builtin_format("fp4_2of4")
-    kernel = compile_gemm(Gemm("ws_rt", fmt, small_schedule(fmt), "f16"), CUDA).kernel
+    kernel = compile_gemm(Gemm("ws_rt", fmt, small_schedule(fmt), "bf16"), CUDA).kernel  # bf16: pairs as vec
     assert_round_trip(kernel)
     names = {op.name for op in kernel.walk()}
     assert {"mma_sp", "frag_build", "vload", "vec"} <= names and "mma" not in names
@@ -267,3 +307,20 @@ def test_compile_cli_writes_the_cuda_layout_in_the_manifest(tmp_path, capsys) ->
 
     phys = to_kernel_layout(src.attrs, packed)
     assert phys.layout == "lane_stream" and phys.arrays["qweight"].shape == (2 * 2 * 32 * 4,)  # 2 N tiles x 2 vectors of 64 stored K
+
+
+@pytest.mark.parametrize("group,size", [(128, 16), ("K", 8), (32, 2)])
+def test_activation_run_in_one_vload_where_k_is_whole(group, size: int) -> None:
+    """A lane's 16 activations of a vector step are one 32-byte vload where K is a multiple of
+    the group (every row's run stays aligned), printed as one access from one address (two
+    128-bit loads); 8 at a time with per-column scales (rows only K-granule aligned); pairs
+    without the K shuffle (groups smaller than a vector)."""
+    from marlin_dsl.targets import emit
+
+    fmt = md.builtin_format("fp4", group)
+    kernel = compile_gemm(Gemm("ws_run", fmt, md.tuned_schedule(fmt, 1), "f16"), CUDA).kernel
+    sizes = {op.attrs["size"] for op in kernel.walk() if op.name == "vload" and op.attrs["buffer"] == "x"}
+    assert sizes == {size}
+    body = emit(kernel, CUDA).body
+    spelled = "__half2" if size == 2 else f"mdsl::vec<__half, {size}>"
+    assert f"*reinterpret_cast<const {spelled}*>(&x[" in body

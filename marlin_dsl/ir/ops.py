@@ -125,6 +125,13 @@ def _convert(op: Op, _: Kernel) -> str | None:
     return None
 
 
+def _lop3(op: Op, _: Kernel) -> str | None:
+    if any(v.type != U32 for v in op.operands) or op.result.type != U32:
+        return "lop3 takes and gives u32"
+    lut = op.attrs.get("lut")
+    return None if isinstance(lut, int) and 0 <= lut <= 255 else f"lop3 lut must be 0..255, got {lut!r}"
+
+
 def _u32_result(op: Op, _: Kernel) -> str | None:
     return None if op.result.type == U32 else "result must be u32"
 
@@ -297,6 +304,9 @@ _define(
       for n in ("div", "rem", "and", "or", "xor", "shl", "shr")),
     OpDef("fma", (3, 3), results=(1, 1), rule=_float_same, pipe="alu", evaluate=semantics.fma,
           doc="a * b + c"),
+    OpDef("lop3", (3, 3), ("lut",), results=(1, 1), rule=_lop3, pipe="alu", evaluate=semantics.lop3,
+          doc="any bitwise function of three u32 operands by its truth table: result bit i is bit "
+              "(4 a_i + 2 b_i + c_i) of lut (PTX's lop3 convention; (a & b) | c is 0xEA)"),
     *(OpDef(n, _BIN, results=(1, 1), rule=_compare, pipe="alu", operand_typed=True,
             commutative=n in _COMMUTATIVE, evaluate=semantics.binary)
       for n in ("lt", "le", "gt", "ge", "eq", "ne")),

@@ -146,6 +146,20 @@ def fma(sig: Signature) -> Evaluator:
     return lambda a, b, c: (_round_f64(_fma_odd64(a, b, c), elem), [])
 
 
+def lop3(sig: Signature) -> Evaluator:
+    """A bitwise function of three operands by its truth table: bit i of the result is bit
+    (4 a_i + 2 b_i + c_i) of `lut` (the OR of the minterms lut selects)."""
+    lut = int(sig.attrs["lut"])  # type: ignore[call-overload]
+
+    def run(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, list[Fault]]:
+        out = np.zeros(np.broadcast(a, b, c).shape, _U32)
+        for i in range(8):
+            if lut >> i & 1:
+                out |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+        return out, []
+    return run
+
+
 def select(sig: Signature) -> Evaluator:
     """c ? a : b, per lane (per vector for a vector result)."""
     if isinstance(sig.result_type, VectorType):

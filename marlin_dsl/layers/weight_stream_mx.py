@@ -5,7 +5,7 @@ and convert back only to save it or hand it out.
 `stream_arrays_mx` is bit-identical to the numpy `stream_arrays`, step for step: unpack the
 codes, pad to whole vectors and N tiles, apply the K shuffle, cut A tiles, gather each lane's
 fragment elements (a take through the target's lane table), and pack pairs into 16-bit halves
-of the lane's words. `linear_arrays_mx` runs the same steps backwards with the inverse
+of the lane's words, each code's bits where the layout's bit placement puts them. `linear_arrays_mx` runs the same steps backwards with the inverse
 permutations (every step is a bijection on the padded matrix; the padding is dropped).
 Only small index tables (lane tables, the K shuffle, the sparse metadata fields, their
 inverses) come from the host, cached per layout.
@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..formats import Format, NMSparsity
+from ..layouts.bit_placement import BitPlacement
 from ..layouts.weight_stream import VECTOR_WORDS, StreamLayout, stream_layout
 from ..targets.base import Target
 from .mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
@@ -100,10 +101,26 @@ def _pack_values(lay: StreamLayout, tables: dict[str, mx.array], codes: mx.array
     flat = tiles.reshape(nt, kv, lay.tiles, lay.tile_rows * lay.tile_cols)
     lane_elems = mx.take(flat, tables["lane"], axis=3)  # [nt, kv, tiles, lanes, per_lane]
     pairs = lane_elems.transpose(0, 1, 3, 2, 4).reshape(nt, kv, lay.lanes, VECTOR_WORDS, lay.per_half, 2)
-    slot_shift = mx.array((np.arange(lay.per_half) * lay.bits).astype(np.uint32))
-    pairs = pairs.astype(mx.uint32)
-    halves = mx.left_shift(pairs[..., 0], slot_shift) + mx.left_shift(pairs[..., 1], slot_shift + 16)
-    return mx.sum(halves, axis=-1).reshape(-1)  # disjoint bits: the sum is the OR
+    # each code looked up in its slot's table of spread bits (bit_placement.BitPlacement.spread)
+    spread, slot_base = _spread_tables(lay.bit_order)
+    placed = mx.take(spread, pairs.astype(mx.uint32) + slot_base)  # [..., slot, lo/hi]
+    halves = mx.left_shift(placed, mx.array(np.array([0, 16], np.uint32)))
+    return mx.sum(halves, axis=(-2, -1)).reshape(-1)  # disjoint bits: the sum is the OR
+
+
+@lru_cache(maxsize=None)
+def _spread_tables(placement: BitPlacement) -> tuple[mx.array, mx.array]:
+    """(the placement's spread tables, flat; each slot's first entry [slots, 1])."""
+    table = placement.spread()
+    base = (np.arange(table.shape[0], dtype=np.uint32) * np.uint32(table.shape[1]))[:, None]
+    return mx.array(table.reshape(-1)), mx.array(base)
+
+
+def _bit_tables(lay: StreamLayout) -> tuple[mx.array, mx.array]:
+    """(bit i of a code [bits], its bit in the word [slots, 2, bits]) of the layout's placement."""
+    positions = np.asarray(lay.bit_order.positions, np.uint32)  # [slots, bits], within a half
+    word_bits = np.stack([positions, positions + 16], axis=1)
+    return mx.array(np.arange(lay.bits, dtype=np.uint32)), mx.array(word_bits)
 
 
 def _positions(fmt: Format, meta: mx.array) -> mx.array:
@@ -172,12 +189,10 @@ def linear_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int],
 
 def _unpack_values(lay: StreamLayout, tables: dict[str, mx.array], words: mx.array, ks: int, n: int) -> mx.array:
     nt, kv = _dims(lay, ks, n)
-    w = words.reshape(nt, kv, lay.lanes, VECTOR_WORDS, 1)
-    slot_shift = mx.array((np.arange(lay.per_half) * lay.bits).astype(np.uint32))
-    mask = (1 << lay.bits) - 1
-    lo = mx.bitwise_and(mx.right_shift(w, slot_shift), mask)
-    hi = mx.bitwise_and(mx.right_shift(w, slot_shift + 16), mask)
-    pairs = mx.stack([lo, hi], axis=-1).astype(mx.uint8)  # [nt, kv, lanes, words, per_half, 2]
+    w = words.reshape(nt, kv, lay.lanes, VECTOR_WORDS, 1, 1, 1)
+    code_bits, word_bits = _bit_tables(lay)
+    bits = mx.bitwise_and(mx.right_shift(w, word_bits), 1)  # [..., slot, lo/hi, bit]
+    pairs = mx.sum(mx.left_shift(bits, code_bits), axis=-1).astype(mx.uint8)  # [nt, kv, lanes, words, per_half, 2]
     lane_elems = pairs.reshape(nt, kv, lay.lanes, lay.tiles, lay.per_lane).transpose(0, 1, 3, 2, 4)
     flat = lane_elems.reshape(nt, kv, lay.tiles, lay.lanes * lay.per_lane)
     tiles = mx.take(flat, tables["lane_inverse"], axis=3)  # [nt, kv, tiles, rows * cols]

@@ -42,6 +42,7 @@ from ..formats.bitstream import unpack_bits
 from ..formats.packing import metadata_positions
 from ..formats.tensors import PackedWeights
 from ..targets.base import Target
+from .bit_placement import BitPlacement, natural_placement, placement_for
 
 #: Words each lane loads at once (one 128-bit vector load).
 VECTOR_WORDS = 4
@@ -63,6 +64,12 @@ class StreamLayout:
     x_run: int = 0  # activations one lane reads contiguously per chunk (with k_perm)
     x_run_start: tuple[int, ...] = ()  # where each lane's run starts in a chunk (with k_perm)
     k_ratio: int = 1  # dense K positions per stored one (2 for 2:4)
+    #: where each slot's code bits sit in a half (`bit_placement.py`); None: the natural order
+    placement: BitPlacement | None = None
+
+    @property
+    def bit_order(self) -> BitPlacement:
+        return self.placement if self.placement is not None else natural_placement(self.bits)
 
     @property
     def dense_tile_k(self) -> int:
@@ -98,9 +105,8 @@ class StreamLayout:
         return self.tiles * self.tile_cols
 
     def pair_slot(self, pair: int) -> tuple[int, int]:
-        """(word, bit offset of the low-half element) of a lane's pair `pair`."""
-        word, slot = divmod(pair, self.per_half)
-        return word, slot * self.bits
+        """(word, slot) of a lane's pair `pair`: the slot's bits are `bit_order.positions[slot]`."""
+        return divmod(pair, self.per_half)
 
     def words(self, stored_k: int, n: int) -> int:
         return -(-n // self.tile_rows) * -(-stored_k // self.chunk) * self.lanes * VECTOR_WORDS
@@ -145,14 +151,9 @@ class StreamLayout:
         # [kv, tiles, cols, nt, rows] -> [nt, kv, tiles, rows, cols]: one A tile = W^T block.
         tiles = padded.reshape(kv, self.tiles, self.tile_cols, nt, self.tile_rows).transpose(3, 0, 1, 4, 2)
         lane_elems = tiles[:, :, :, self.rows, self.cols]  # [nt, kv, tiles, lanes, per_lane]
-        stream = lane_elems.transpose(0, 1, 3, 2, 4).reshape(nt, kv, self.lanes, -1, 2)
-        pairs = stream.shape[3]
-        words = np.zeros((nt, kv, self.lanes, VECTOR_WORDS), np.uint32)
-        for j in range(pairs):  # a handful of pairs per lane; each step covers the whole matrix
-            word, shift = self.pair_slot(j)
-            lo, hi = (stream[..., j, i].astype(np.uint32) for i in (0, 1))
-            words[..., word] |= (lo << np.uint32(shift)) | (hi << np.uint32(16 + shift))
-        return words.reshape(-1)
+        # pair j = (word j // per_half, slot j % per_half): [nt, kv, lanes, words, slots, lo/hi]
+        stream = lane_elems.transpose(0, 1, 3, 2, 4).reshape(nt, kv, self.lanes, VECTOR_WORDS, self.per_half, 2)
+        return self.bit_order.pack(stream[..., 0], stream[..., 1]).reshape(-1)
 
 
 def _or_into_lanes(words: np.ndarray, lanes: np.ndarray, fields: np.ndarray) -> None:
@@ -213,7 +214,8 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
         mm, _, sparse_k = target.sparse_mma  # type: ignore[misc]
         mk = sparse_k // 2  # compressed columns of A
     k_ratio = fmt.k_granule // fmt.stored_k(fmt.k_granule)
-    layout = StreamLayout(bits, mm, mk, rows, cols, sparse_target, k_ratio=k_ratio)
+    placement = placement_for(fmt.element)
+    layout = StreamLayout(bits, mm, mk, rows, cols, sparse_target, k_ratio=k_ratio, placement=placement)
     g = fmt.scale.group_size
     b_table = target.lane_elements("b", mk, target.mma_n)
     # The K shuffle mixes K positions across a chunk: only where scale groups hold whole chunks,
@@ -221,7 +223,7 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
     if sparse_target is None and b_table is not None and (g == "K" or int(g) % layout.chunk == 0):
         k_perm, run_start = activation_permutation(b_table[0], layout.tiles, mk)
         layout = StreamLayout(bits, mm, mk, rows, cols, None, k_perm, layout.tiles * b_table[0].shape[1],
-                              tuple(int(v) for v in run_start), k_ratio)
+                              tuple(int(v) for v in run_start), k_ratio, placement)
     if (VECTOR_WORDS * 32) % (layout.per_lane * bits):
         raise ScheduleError(f"format {fmt.name!r}: {bits}-bit codes of one lane's fragment do not "
                             f"fill {VECTOR_WORDS} words evenly", where)

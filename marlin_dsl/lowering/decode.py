@@ -13,12 +13,13 @@ from typing import Callable
 from ..errors import CompileError
 from ..formats import BlockPatternSparsity, FloatEncoding, Format, IntEncoding, NMSparsity, TableEncoding
 from ..ir import F16, F32, U16, U32, Builder, ConstTable, ScalarType, Value
+from ..layouts.bit_placement import FLOAT_FIELDS
 from .group_params import GroupParams, GroupValues, parameter_tables
 
 Store = Callable[[Value, Value], None]  # (dense offset within the unit, value) -> emits a store
 
 #: (exponent bias, mantissa bits, width) of the float types values are decoded into.
-_FLOAT_LAYOUT = {"f16": (15, 10, 16), "f32": (127, 23, 32)}
+_FLOAT_LAYOUT = FLOAT_FIELDS
 
 
 @dataclass
@@ -46,17 +47,15 @@ def encoding_tables(fmt: Format, prefix: str) -> list[ConstTable]:
     return tables
 
 
-def float_code_bits(b: Builder, code: Value, enc: FloatEncoding, t_man: int, width: int,
-                    repeat: int = 1) -> Value:
+def float_code_bits(b: Builder, code: Value, enc: FloatEncoding, t_man: int, width: int) -> Value:
     """The bits of a float of `width` bits (t_man mantissa bits) holding the code's exponent
     and mantissa fields under its own and its sign at the top, still to be rescaled by
-    2**(target_bias - bias). With repeat = 0x00010001, two 16-bit codes side by side (one in
-    each half of a u32) are placed at once (`pair_decode`)."""
+    2**(target_bias - bias). (Pairs of codes in the halves of a word: `pair_decode`.)"""
     magnitude_bits = enc.exp_bits + enc.man_bits
-    magnitude = b.binary("and", code, ((1 << magnitude_bits) - 1) * repeat, hint="mag")
+    magnitude = b.binary("and", code, (1 << magnitude_bits) - 1, hint="mag")
     bits = b.binary("shl", magnitude, t_man - enc.man_bits, hint="mag")
     if enc.signed:
-        sign = b.binary("and", code, (1 << magnitude_bits) * repeat, hint="sgn")
+        sign = b.binary("and", code, 1 << magnitude_bits, hint="sgn")
         sign = b.binary("shl", sign, width - 1 - magnitude_bits, hint="sgn")
         bits = b.binary("or", bits, sign, hint="mag")
     return bits

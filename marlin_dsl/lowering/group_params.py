@@ -77,8 +77,9 @@ class GroupParams:
         """The group index of dense K position `dense_k`."""
         return self.scaling.emit_group(self.b, dense_k)
 
-    def load_at(self, group: Value, col: Value, n_cols: Value, pred: Value) -> GroupValues:
-        """The parameters of (group, column col) in the compute type; 0 where `pred` is false."""
+    def load_at(self, group: Value, col: Value, n_cols: Value, pred: Value | None) -> GroupValues:
+        """The parameters of (group, column col) in the compute type; 0 where `pred` is false
+        (None: it exists)."""
         return GroupValues(self.scaling.emit_load(self.b, group, col, n_cols, pred, self.ctype,
                                                   self.prefix))
 

@@ -1,97 +1,132 @@
-"""Decode two codes at once: a u32 whose two 16-bit halves each hold one code in their low bits
-(the weight-stream layout puts fragment pairs there) becomes a vec<act, 2>.
+"""Decode two codes at once: a u32 whose two 16-bit halves each hold one code of a slot, at the
+bits the layout's `BitPlacement` gives it (layouts/bit_placement.py; the weight-stream layouts
+put fragment pairs there), becomes a vec<act, 2>.
 
-When the whole dequantisation is exact in f16 (f16 activations; float or integer codes; a
-scale scheme exact in f16: `group_params.compute_type`), it runs as vector (half2) arithmetic
-on both halves:
+Every path moves the slot's code bits to *target* bits of their half with the placement's
+shift groups (one shift of the word and one mask per group; shifts of a word are shared by
+its slots through cse):
 
-- float codes: mask the magnitude and sign fields of both halves, shift them under f16's
-  exponent and mantissa, reinterpret as half2 and rescale by 2**(15 - bias) (exact);
-- integer codes: OR in 0x6400 (f16 1024.0) in both halves, reinterpret, subtract 1024 + offset.
+- float codes, when the whole dequantisation is exact in f16 (f16 activations, a scale scheme
+  exact in f16: `group_params.compute_type`): targets under f16's sign, exponent and mantissa;
+  reinterpret as half2 and rescale by 2**(15 - bias) (exact), or leave the rescale to the
+  sums (`unscaled`);
+- integer codes, likewise: each slot's code lands at bits p.. under the magic number 0x6400
+  (f16 1024; the placement's `magic_shifts` choose p so that few shifts serve a word), one
+  LOP3 masks and ORs it in, and one subtraction (p = 0) or FMA by 2**-p removes 1024 * 2**-p
+  + offset (+ zero point);
+- otherwise (bf16 activations, value tables, f32 parameters): the codes are gathered down to
+  bit 0 of each half and go through the scalar `UnitDecoder` path; the pair is then packed.
 
-Otherwise each half goes through the scalar `UnitDecoder` path and the pair is packed. Both
-paths read only the format's fields.
+All of it reads only the format's fields and the placement.
 """
 from __future__ import annotations
 
 from ..formats import FloatEncoding, Format, IntEncoding
-from ..ir import F16, Builder, ScalarType, Value, VectorType
-from .decode import _FLOAT_LAYOUT, UnitDecoder, float_code_bits
+from ..ir import F16, U32, Builder, ScalarType, Value, VectorType
+from ..layouts.bit_placement import FLOAT_FIELDS, BitPlacement, float_targets, magic_shifts
+from .decode import UnitDecoder
 from .group_params import GroupValues
 
 _BOTH_HALVES = 0x00010001  # a mask for the low half, repeated in the high half
+_MAGIC = 0x6400  # f16 1024.0: integer codes under its mantissa read 1024 + code * 2**p
+_AND_OR = 0xEA  # lop3 truth table of (a & b) | c
 
 
 class PairDecoder:
-    def __init__(self, b: Builder, fmt: Format, activation: ScalarType) -> None:
+    def __init__(self, b: Builder, fmt: Format, activation: ScalarType, placement: BitPlacement) -> None:
         self.b, self.fmt, self.act = b, fmt, activation
         self.scalar = UnitDecoder(b, fmt, activation)
         self.bits = fmt.element.bits
+        self.placement = placement
         enc = fmt.element
+        self.targets = float_targets(enc) if isinstance(enc, FloatEncoding) else None
         self.vector = self.scalar.ctype == F16 == activation and (
-            (isinstance(enc, FloatEncoding) and enc.exp_bits <= 5 and enc.man_bits <= 10)
-            or (isinstance(enc, IntEncoding) and enc.bits <= 10))
+            self.targets is not None or (isinstance(enc, IntEncoding) and enc.bits <= 10))
+        self.magic = magic_shifts(placement) if self.vector and isinstance(enc, IntEncoding) else None
         self.pair_type = VectorType(activation, 2)
 
     def splat(self, x: Value) -> Value:
         return self.scalar.params.splat(x)
 
-    def dequant(self, word: Value, shift: int, params: GroupValues) -> Value:
-        """The scale scheme applied to the codes at bit `shift` of each half of `word`."""
+    def dequant(self, word: Value, slot: int, params: GroupValues) -> Value:
+        """The scale scheme applied to slot `slot`'s codes of both halves of `word`."""
         b = self.b
-        v = b.binary("shr", word, shift, hint="pw") if shift else word
         if not self.vector:
-            mask = (1 << self.bits) - 1
-            lo = b.binary("and", v, mask, hint="code")
-            hi = b.binary("and", b.binary("shr", v, 16, hint="pw"), mask, hint="code")
+            codes = self.gather(word, slot, tuple(range(self.bits)))  # each half's code at its bit 0
+            lo = b.binary("and", codes, (1 << self.bits) - 1, hint="code")
+            hi = b.binary("shr", codes, 16, hint="code")
             values = [self.scalar.dequant(c, params) for c in (lo, hi)]
             return b.value("vec", values, self.pair_type, hint="w2")
-        return self.scalar.params.apply_pair(self._decode_pair(v), params)
+        return self.scalar.params.apply_pair(self._decode_pair(word, slot), params)
 
-    def unscaled(self, word: Value, shift: int, params: GroupValues) -> Value:
-        """The codes at bit `shift` of each half of `word` as (t - zero) * 2**-rebias, without
+    def unscaled(self, word: Value, slot: int, params: GroupValues) -> Value:
+        """Slot `slot`'s codes of both halves of `word` as (t - zero) * 2**-rebias, without
         the scale (only when `self.vector` and the format's scale factors out,
         `Scaling.scale_factors_out`): every value exact in f16; the kernel multiplies a group's
         MMA sums by scale * `self.rebias` instead (stream_family.py). An integer code's zero
         point joins the magic number's subtraction (one op: 1024 + offset + zero is exact)."""
         b, enc = self.b, self.fmt.element
-        v = b.binary("shr", word, shift, hint="pw") if shift else word
         zero = self.fmt.scaling.emit_zero(params)
         if isinstance(enc, IntEncoding):
-            return self._int_pair(v, zero)
-        raw = self._decode_pair(v, rebias=False)
+            return self._int_pair(word, slot, zero)
+        raw = self._decode_pair(word, slot, rebias=False)
         if zero is None:
             return raw
         # zero * 2**-rebias: a u8 zero point times a power of two, exact in f16
         shifted = b.binary("mul", zero, b.const(1.0 / self.rebias, F16), hint="z") if self.rebias != 1.0 else zero
         return b.binary("sub", raw, self.splat(shifted), hint="t2")
 
-    def _int_pair(self, v: Value, zero: Value | None = None) -> Value:
-        """Integer codes of both halves as f16 (t - zero): OR under 1024.0's exponent, subtract
-        1024 + offset (+ zero)."""
+    def gather(self, word: Value, slot: int, targets: tuple[int, ...]) -> Value:
+        """A u32 holding slot `slot`'s code bits of both halves of `word` at `targets` (bit i
+        of the code at targets[i] of its half), every other bit 0: per shift group one shift
+        of the word (shared through cse) and one mask, OR-ed together (ptxas: one LOP3 each)."""
+        b = self.b
+        out = None
+        for d, mask in self.placement.shift_groups(slot, targets):
+            moved = self._shift(word, d)
+            part = b.binary("and", moved, mask * _BOTH_HALVES, hint="fld")
+            out = part if out is None else b.binary("or", part, out, hint="fld")
+        assert out is not None
+        return out
+
+    def _shift(self, word: Value, d: int) -> Value:
+        if d == 0:
+            return word
+        return self.b.binary("shl" if d > 0 else "shr", word, abs(d), hint="pw")
+
+    def _int_pair(self, word: Value, slot: int, zero: Value | None = None) -> Value:
+        """Integer codes of both halves as f16 (t - zero): the code, shifted to bits p.., masked
+        and OR-ed under 1024.0's exponent in one lop3 (ptxas keeps one LOP3: PTX lop3 with
+        the magic number in a register), reads 1024 + code * 2**p; subtract 1024 + offset
+        (+ zero) where p = 0, else FMA by 2**-p and add -(1024 * 2**-p + offset (+ zero))."""
         b, enc = self.b, self.fmt.element
-        codes = b.binary("and", v, ((1 << enc.bits) - 1) * _BOTH_HALVES, hint="code")
-        magic = b.bitcast(b.binary("or", codes, 0x6400 * _BOTH_HALVES, hint="mag"), self.pair_type, hint="mag")
-        base = b.const(1024.0 + enc.offset, F16)
+        assert self.magic is not None
+        d, p = self.magic[slot]
+        mask = b.const((((1 << enc.bits) - 1) << p) * _BOTH_HALVES, U32)
+        placed = b.value("lop3", [self._shift(word, d), mask, b.const(_MAGIC * _BOTH_HALVES, U32)], U32,
+                         {"lut": _AND_OR}, hint="mag")
+        magic = b.bitcast(placed, self.pair_type, hint="mag")
+        base = b.const(1024.0 * 2.0 ** -p + enc.offset, F16)  # exact: a multiple of 2**-p below 2048
         if zero is not None:
             base = b.binary("add", base, zero, hint="zb")
-        return b.binary("sub", magic, self.splat(base), hint="t2")
+        if p == 0:
+            return b.binary("sub", magic, self.splat(base), hint="t2")
+        neg = b.binary("sub", b.const(0.0, F16), base, hint="zb")
+        return b.value("fma", [magic, self.splat(b.const(2.0 ** -p, F16)), self.splat(neg)], self.pair_type, hint="t2")
 
     @property
     def rebias(self) -> float:
         """The power of two `_decode_pair` multiplies a float code's raw f16 bits by (1 for
         integer codes): a float code's exponent field placed under f16's has f16's bias."""
         enc = self.fmt.element
-        return 2.0 ** (_FLOAT_LAYOUT["f16"][0] - enc.bias) if isinstance(enc, FloatEncoding) else 1.0
+        return 2.0 ** (FLOAT_FIELDS["f16"][0] - enc.bias) if isinstance(enc, FloatEncoding) else 1.0
 
-    def _decode_pair(self, v: Value, rebias: bool = True) -> Value:
+    def _decode_pair(self, word: Value, slot: int, rebias: bool = True) -> Value:
         b, enc = self.b, self.fmt.element
         if isinstance(enc, IntEncoding):
-            return self._int_pair(v)
-        assert isinstance(enc, FloatEncoding)
-        t_bias, t_man, width = _FLOAT_LAYOUT["f16"]
-        bits = float_code_bits(b, v, enc, t_man, width, repeat=_BOTH_HALVES)
-        raw = b.bitcast(bits, self.pair_type, hint="raw")
+            return self._int_pair(word, slot)
+        assert isinstance(enc, FloatEncoding) and self.targets is not None
+        raw = b.bitcast(self.gather(word, slot, self.targets), self.pair_type, hint="raw")
         if not rebias or self.rebias == 1.0:
             return raw
         return b.binary("mul", raw, self.splat(b.const(self.rebias, F16)), hint="t2")

@@ -71,6 +71,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
 
     def lower(self) -> Kernel:
         self.stream_setup(("lane", "warp", "tid"), "wm", "wt", clamp=False)
+        self.setup_fetch()
         self.setup_copies()
         if self.pipeline.a_source == "shared":
             mm = self.target.mma_m
@@ -225,7 +226,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
     def store_a(self, kv: Value, fetched: list[Value]) -> None:
         """Decode step kv's weights and store them in A buffer kv % 3 (`a_store_plan`)."""
         b, lay = self.b, self.layout
-        words, _, params = self.unpack_fetched(fetched)
+        (words,), _, params = self.unpack_fetched(fetched)
         k_vec0 = self.op2("mul", kv, lay.dense_chunk, hint="kb")
         base = self.op2("mul", self.op2("rem", kv, A_BUFFERS, hint="abuf"), self.a_stage, hint="ab")
         pairs_per_tile = lay.per_lane // 2
@@ -263,7 +264,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
 
     def decode(self, kv: Value, fetched: list[Value]) -> list[Value]:
         """Step kv's A fragments (one per K tile of the layout) from its fetched weight vector."""
-        words, _, params = self.unpack_fetched(fetched)
+        (words,), _, params = self.unpack_fetched(fetched)
         k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
         out = []
         for t in range(self.layout.tiles):

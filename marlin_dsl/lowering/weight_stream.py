@@ -15,12 +15,17 @@ A). Per step the warp:
 3. builds the B fragments of X^T from pairs of activations (`vload` of 2, masked by M and K),
 4. decodes its A fragments pair by pair (`PairDecoder`) and runs the MMAs.
 
-Then every warp stores its accumulators to shared memory and the threadgroup adds the k_warps
-partial tiles and writes Y (rounded once). Which lane holds which element comes from the
+The K loop runs `unroll` steps per iteration (its counters, compare and branch paid once per
+`unroll` steps), then the warp's remaining steps in a second loop. Where K is a whole number of
+vectors its loads are unpredicated (`parts/registers.py`: clamped indices). Then every warp
+stores its accumulators to shared memory and the threadgroup adds the k_warps partial tiles
+and writes Y (rounded once; times the decode's rebias where the sums left it out). Which lane holds which element comes from the
 target's lane tables (`Target.lane_elements`); the weights were laid out to match at pack time
 (`layouts/weight_stream.py`).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from ..ir import F32, Kernel, SharedArray, Value
 from .parts.context import GemmContext
@@ -38,50 +43,78 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
         # Scales on the sums: per step 4 FMAs per accumulator tile instead of a multiply per
         # weight pair (16 per lane-step); with more than two M tiles per warp the FMAs cost more.
         self.scale_sums = self.sums_scalable() and self.msub <= 2
+        self.rebias_at_end = self.scale_sums  # one multiply per output, not 2 per step
 
     def lower(self) -> Kernel:
         s, p = self.s, self.pipeline
         wn, wk = self.stream_setup(("lane", "warp"), "wk", "nt", clamp=False)
-        depth = p.depth  # steps whose loads are in flight while one computes
-        sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * p.k_warps, hint="pk")) for d in range(depth)]
+        self.setup_fetch(s.tile_k // self.layout.dense_chunk)  # vectors per step
+        depth, unroll, kw = p.depth, p.unroll, p.k_warps  # steps in flight; steps per iteration
+        sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk")) for d in range(depth)]
         first = [v for fetched in sets for v in fetched]
         per_set = len(sets[0])
         accs = self.ctx.zero_accumulators(self.nsub * self.msub)
 
-        def body(iv: Value, groups: list[list[Value]]) -> list[Value]:
-            carried_fetch, carried_accs = groups
-            ahead = self.op2("add", iv, depth * p.k_warps, hint="nx")
-            prefetched = self.fetch(ahead)
-            new_accs = self.step(iv, carried_fetch[:per_set], carried_accs)
-            return [*carried_fetch[per_set:], *prefetched, *new_accs]
+        def one_step(kv: Value, carried_fetch: list[Value], carried_accs: list[Value],
+                     ahead_in_range: bool) -> tuple[list[Value], list[Value]]:
+            ahead = self.op2("add", kv, depth * kw, hint="nx")
+            prefetched = self.fetch(ahead, clamp=not ahead_in_range)
+            new_accs = self.step(kv, carried_fetch[:per_set], carried_accs)
+            return [*carried_fetch[per_set:], *prefetched], new_accs
 
-        results = self.carried_for(wk, self.KV, p.k_warps, [("pf", first), ("acc", accs)], body,
-                                   iv_hint="kv", hint="fin")
-        self.reduce_and_store(results[len(first):], wk, wn)
+        def body(steps: int) -> Callable[[Value, list[list[Value]]], list[Value]]:
+            def emit(iv: Value, groups: list[list[Value]]) -> list[Value]:
+                fetch, accs_ = groups
+                for u in range(steps):
+                    kv = self.op2("add", iv, u * kw, hint="ku") if u else iv
+                    # in the unrolled loop steps iv .. iv + (steps - 1) * k_warps exist
+                    fetch, accs_ = one_step(kv, fetch, accs_, steps > 1 and u + depth < steps)
+                return [*fetch, *accs_]
+            return emit
+
+        carried = [("pf", first), ("acc", accs)]
+        if unroll > 1:
+            # This warp's steps wk, wk + k_warps, .. < KS: `unroll` at a time, then the rest.
+            steps = self.ceil_div(self.op2("sub", self.op2("max", self.KS, wk, hint="ns"), wk, hint="ns"), kw)
+            whole = self.op2("mul", self.op2("div", steps, unroll, hint="ns"), unroll * kw, hint="ns")
+            split = self.op2("add", wk, whole, hint="ke")
+            results = self.carried_for(wk, split, unroll * kw, carried, body(unroll), iv_hint="kv", hint="pre")
+            carried = [("pf", results[:len(first)]), ("acc", results[len(first):])]
+            wk_rest = split
+        else:
+            wk_rest = wk
+        results = self.carried_for(wk_rest, self.KS, kw, carried, body(1), iv_hint="kv", hint="fin")
+        self.reduce_and_store(results[len(first):], wk, wn, self.pairs.rebias if self.rebias_at_end else 1.0)
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
             shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m)],
             attrs={"k_warps": p.k_warps, "weight_layout": LAYOUT_NAME},
             memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)")
 
-    def step(self, kv: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
-        """One K vector: B fragments from device memory, A decoded from the fetched words."""
+    def step(self, ks: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
+        """One K step (`vectors` consecutive K vectors): B fragments from device memory, A
+        decoded from the fetched words."""
         mk = self.tile_k_dense
-        k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
         words, meta, params = self.unpack_fetched(fetched)
-        runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
-        k_tile: dict[int, Value] = {}
+        parts = []
+        for v, kv in enumerate(self.step_vectors(ks)):
+            k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+            runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
+            k_tile: dict[int, Value] = {}
 
-        def b_frags_for(s_: int) -> list[Value]:
-            k_tile[s_] = k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
-            if runs is not None:
-                return [self.b_fragment_from_run(run, s_) for run in runs]
-            return [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]
+            def b_frags_for(s_: int, k_vec0: Value = k_vec0, runs=runs, k_tile=k_tile) -> list[Value]:
+                k_tile[s_] = k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
+                if runs is not None:
+                    return [self.b_fragment_from_run(run, s_) for run in runs]
+                return [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]
+            parts.append((words[v], meta[v], b_frags_for))
+            if v == 0:
+                first_k_tile = k_tile
 
-        def params_for(j: int, s_: int) -> dict:
-            return params[j] if params is not None else self.row_params(j, k_tile[s_])
+        def params_for(j: int, s_: int) -> dict:  # several vectors per step: prefetched (k_whole)
+            return params[j] if params is not None else self.row_params(j, first_k_tile[s_])
 
-        return self.mma_k_tiles(accs, words, meta, b_frags_for, params_for)
+        return self.mma_k_tiles(accs, *parts[0], params_for, more=parts[1:])
 
 
 __all__ = ["WeightStreamLowering"]

@@ -13,9 +13,11 @@ from ..targets.base import Target
 from .base import ScheduleShape, register_pipeline, require_positive
 
 
-def check_stream(schedule: ScheduleShape, kind: str, fmt: Format, target: Target) -> None:
+def check_stream(schedule: ScheduleShape, kind: str, fmt: Format, target: Target,
+                 vectors: bool = False) -> None:
     """What the stream layout asks of a schedule: warp tiles of whole MMA tiles (N as the MMA's
-    M, M as its N), K steps of one vector load per lane, scale groups of whole K tiles."""
+    M, M as its N), K steps of one vector load per lane (`vectors`: or of several consecutive
+    ones inside one scale group), scale groups of whole K tiles."""
     where, name = schedule.location, schedule.name
     layout = stream_layout(fmt, target, where)
     rows_per_warp = schedule.tile_n // schedule.warps_n
@@ -29,12 +31,22 @@ def check_stream(schedule: ScheduleShape, kind: str, fmt: Format, target: Target
             f"schedule {name!r}: {kind} gives each warp tile_m/warps_m = {cols_per_warp} "
             f"M rows, not a multiple of {target.name}'s MMA N {target.mma_n}", where)
     dense_chunk = layout.dense_chunk
-    if schedule.tile_k != dense_chunk:
+    g = fmt.scale.group_size
+    if vectors and schedule.tile_k > dense_chunk and schedule.tile_k % dense_chunk == 0:
+        # several vectors per step: every step must lie in one scale group, and K (a multiple
+        # of the group size) then is a whole number of steps
+        if g == "K" or int(g) % schedule.tile_k:
+            raise ScheduleError(
+                f"schedule {name!r}: {kind} with tile_k={schedule.tile_k} steps K by "
+                f"{schedule.tile_k // dense_chunk} vector loads per lane; that needs scale groups "
+                f"that cover whole steps, and format {fmt.name!r} has group_size {g}: set tile_k="
+                f"{dense_chunk}", where)
+    elif schedule.tile_k != dense_chunk:
+        more = " (or a multiple inside one scale group)" if vectors else ""
         raise ScheduleError(
             f"schedule {name!r}: {kind} steps K by one vector load per lane, "
             f"{dense_chunk} positions for format {fmt.name!r} on {target.name}: set "
-            f"tile_k={dense_chunk}, not {schedule.tile_k}", where)
-    g = fmt.scale.group_size
+            f"tile_k={dense_chunk}{more}, not {schedule.tile_k}", where)
     tile_dense = layout.dense_tile_k
     if g != "K" and int(g) % tile_dense:
         raise ScheduleError(
@@ -55,14 +67,23 @@ class WeightStream:
 
     Schedule fields: tile_n N rows per threadgroup (warps_n warps side by side, each a
     multiple of the MMA's M), tile_m M columns (a multiple of the MMA's N), tile_k the dense K
-    of one step (must equal the layout's vector chunk), warps_m 1."""
+    of one step (the layout's vector chunk, or a multiple of it inside one scale group: then a
+    step loads that many consecutive vectors and loads its scales, and multiplies its sums by
+    them, once), warps_m 1. Pipeline fields: k_warps, depth (steps fetched ahead), unroll
+    (steps per loop iteration)."""
 
     k_warps: int = 4
     depth: int = 1  # steps fetched ahead of the one computing (registers per extra step: ~6)
+    #: K steps per loop iteration (the rest in a second loop): the loop's counters, compare
+    #: and branch are paid once per `unroll` steps. 1 by default: at 2, ptxas's K loop is
+    #: 78.5 instead of 80 SASS instructions per step for fp4 at M = 1 but longer for 2:4 and
+    #: M = 16 (register pressure; bench/results/issue15_decode_notes.md), so the GPU sweep
+    #: (bench/decode_sweep.py) decides
+    unroll: int = 1
     kind: Literal["weight_stream"] = "weight_stream"
 
     def validate(self, schedule: ScheduleShape) -> None:
-        require_positive(schedule, "weight_stream", self, ("k_warps", "depth"))
+        require_positive(schedule, "weight_stream", self, ("k_warps", "depth", "unroll"))
         if schedule.warps_m != 1:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream splits N and K among "
                                 f"warps, not M: warps_m must be 1, got {schedule.warps_m}", schedule.location)
@@ -72,7 +93,7 @@ class WeightStream:
         return schedule.warps_m * schedule.warps_n * self.k_warps
 
     def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
-        check_stream(schedule, self.kind, fmt, target)
+        check_stream(schedule, self.kind, fmt, target, vectors=True)
 
 
 __all__ = ["WeightStream", "check_stream"]

@@ -185,6 +185,21 @@ class CPrinter:
         self.emit(depth, "}")
 
 
+#: Short spellings of the truth tables the lowering uses; any other is printed as its minterms.
+_LUT_FORMS = {0xEA: "(({a} & {b}) | {c})", 0xF8: "({a} | ({b} & {c}))", 0xC0: "({a} & {b})",
+              0xFC: "({a} | {b})", 0x96: "({a} ^ {b} ^ {c})", 0x80: "({a} & {b} & {c})"}
+
+
+def lop3_expression(lut: int, a: str, b: str, c: str) -> str:
+    """A C expression of the IR's `lop3` (result bit i = bit (4 a_i + 2 b_i + c_i) of lut) for
+    unsigned 32-bit operands."""
+    if lut in _LUT_FORMS:
+        return _LUT_FORMS[lut].format(a=a, b=b, c=c)
+    terms = [" & ".join(x if i >> s & 1 else f"~{x}" for s, x in ((2, a), (1, b), (0, c)))
+             for i in range(8) if lut >> i & 1]
+    return "(" + " | ".join(f"({t})" for t in terms) + ")" if terms else "0u"
+
+
 CPrinter.EMITTERS = {
     "index": CPrinter.op_index,
     "scalar": CPrinter.op_scalar,

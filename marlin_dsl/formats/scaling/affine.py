@@ -128,7 +128,7 @@ class GroupAffine(Scaling):
                 and (self.zero_point is None or self.zero_point.dtype == "u8")
                 and (self.bias is None or self.bias.dtype == "f16"))
 
-    def emit_load(self, b: Builder, group: Value, col: Value, n_cols: Value, pred: Value,
+    def emit_load(self, b: Builder, group: Value, col: Value, n_cols: Value, pred: Value | None,
                   ctype: ScalarType, prefix: str = "") -> tuple[Value, ...]:
         gidx = flat_index(b, group, col, n_cols)
         return tuple(load_param(b, a, gidx, pred, ctype, prefix) for a in self.arrays())

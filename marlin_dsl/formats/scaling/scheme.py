@@ -142,10 +142,11 @@ class Scaling(Grouping):
             return b.const(0)
         return b.binary("div", dense_k, int(self.group_size), hint="grp")
 
-    def emit_load(self, b: Builder, group: Value, col: Value, n_cols: Value, pred: Value,
+    def emit_load(self, b: Builder, group: Value, col: Value, n_cols: Value, pred: Value | None,
                   ctype: ScalarType, prefix: str = "") -> tuple[Value, ...]:
-        """The parameters of (group, column) in the compute type, 0 where `pred` is false, as
-        the values `emit_apply` takes (carried through loops as they are)."""
+        """The parameters of (group, column) in the compute type, 0 where `pred` is false (None:
+        the caller knows (group, column) exists), as the values `emit_apply` takes (carried
+        through loops as they are)."""
         raise NotImplementedError
 
     def loaded_values(self) -> int:
@@ -186,7 +187,7 @@ def flat_index(b: Builder, group: Value, col: Value, n_cols: Value) -> Value:
     return b.binary("add", b.binary("mul", group, n_cols, hint="gi"), col, hint="gi")
 
 
-def load_param(b: Builder, array: ParamArray, index: Value, pred: Value, ctype: ScalarType,
+def load_param(b: Builder, array: ParamArray, index: Value, pred: Value | None, ctype: ScalarType,
                prefix: str) -> Value:
     """One parameter in the compute type: loaded in its kernel type, decoded through its value
     table when stored as a code, converted."""

@@ -94,7 +94,7 @@ class TwoLevelScale(Scaling):
 
     # ----- in a kernel ---------------------------------------------------------------------
 
-    def emit_load(self, b: Builder, group: Value, col: Value, n_cols: Value, pred: Value,
+    def emit_load(self, b: Builder, group: Value, col: Value, n_cols: Value, pred: Value | None,
                   ctype: ScalarType, prefix: str = "") -> tuple[Value, ...]:
         sub_array, channel_array = self.arrays()
         sub = load_param(b, sub_array, flat_index(b, group, col, n_cols), pred, ctype, prefix)

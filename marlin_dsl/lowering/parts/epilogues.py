@@ -75,7 +75,9 @@ class SharedTileEpilogue(GemmParts):
 class KWarpReduce(GemmParts):
     """The weight stream's epilogue (needs `m0`, `nsub`, `msub` of the stream setup)."""
 
-    def reduce_and_store(self, accs: list[Value], wk: Value, wn: Value) -> None:
+    def reduce_and_store(self, accs: list[Value], wk: Value, wn: Value, factor: float = 1.0) -> None:
+        """Every warp's partial tiles through shared memory, added, times `factor` (a power of
+        two the K loop left out of its sums), rounded once to Y."""
         b, s = self.b, self.s
         mm, mn, _ = self.target.mma
         tile = s.tile_n * s.tile_m
@@ -100,6 +102,8 @@ class KWarpReduce(GemmParts):
                 idx = self.op2("add", src, w * tile, hint="si") if w else src
                 part = b.load("red_s", idx, F32, inside, hint="pv")
                 total = part if total is None else self.op2("add", total, part, hint="sum")
+            if factor != 1.0:
+                total = self.op2("mul", total, b.const(factor, F32), hint="sum")  # type: ignore[arg-type]
             gm, gn = self.op2("add", self.m0, col, hint="ym"), self.op2("add", n0, r, hint="yn")
             pred = self.op2("and", self.op2("lt", gm, self.M, hint="p"), self.op2("lt", gn, self.N, hint="p"), hint="p")
             if inside is not None:

@@ -42,7 +42,7 @@ class StreamFamily(GemmParts):
         target = self.target
         mm, mn, mk = target.mma
         self.layout = stream_layout(self.fmt, target, self.s.location)
-        self.pairs = PairDecoder(self.b, self.fmt, self.act)
+        self.pairs = PairDecoder(self.b, self.fmt, self.act, self.layout.bit_order)
         mm, mn, mk = target.mma
         self.sparse = self.layout.sparse
         self.tile_k_dense = self.layout.dense_tile_k
@@ -62,6 +62,16 @@ class StreamFamily(GemmParts):
         #: multiply each group's MMA sums by its scale instead of every weight (`sums_scalable`);
         #: a pipeline's lowering turns it on where that saves instructions
         self.scale_sums = False
+        #: the decode's rebias (a power of two) is left out of the sums' factors; the pipeline
+        #: applies it once to the final sums (exact: scaling by 2**e commutes with rounding)
+        self.rebias_at_end = False
+        g = self.fmt.scale.group_size
+        #: K is a whole number of vector steps: groups cover whole vectors and K is a multiple
+        #: of the group size (`Format.check_shape`), so no step reads past K
+        self.k_whole = g != "K" and int(g) % self.layout.dense_chunk == 0
+        #: loads read clamped indices without predicates (the weight stream turns it on where
+        #: K is whole vectors: `RegisterFetch.setup_fetch`, which sets `last_n` and the rest)
+        self.clamped = False
         self.b_k_base, self.b_k_off = lane_base_and_offsets(b_k, "B k")
         self.b_n_base, self.b_n_off = lane_base_and_offsets(b_n, "B n")
         pairs_ok = all(self.b_k_off[2 * i + 1] == self.b_k_off[2 * i] + 1 and
@@ -142,14 +152,19 @@ class StreamFamily(GemmParts):
 
     def row_params(self, j: int, k_tile0: Value) -> dict[int, GroupValues]:
         """Group parameters of each distinct A row offset of this lane, for the group holding
-        dense K position k_tile0."""
+        dense K position k_tile0 (with clamped loads, `RegisterFetch.clamped`: k_tile0 < K
+        is known and rows past N read the last row)."""
         params = self.pairs.scalar.params
         group = params.group_of(k_tile0)
-        exists = self.op2("lt", k_tile0, self.K, hint="gok")
+        clamped = self.clamped
+        exists = None if clamped else self.op2("lt", k_tile0, self.K, hint="gok")
         out = {}
         for off in sorted(set(self.a_row_off)):
             n = self.op2("add", self.op2("mul", self.n_tiles[j], self.target.mma_m, hint="n"), self.a_row0, hint="n")
             n = self.op2("add", n, off, hint="n") if off else n
+            if clamped:  # rows past N read the last row's parameters (never stored)
+                out[off] = params.load_at(group, self.op2("min", n, self.last_n, hint="nc"), self.N, None)
+                continue
             pred = self.op2("and", exists, self.op2("lt", n, self.N, hint="nok"), hint="sok")
             out[off] = params.load_at(group, n, self.N, pred)
         return out
@@ -168,25 +183,29 @@ class StreamFamily(GemmParts):
 
     def mma_k_tiles(self, accs: list[Value], words: list[Value], meta: list[Value],
                     b_frags_for: Callable[[int], list[Value]],
-                    params_for: Callable[[int, int], dict[int, GroupValues]]) -> list[Value]:
+                    params_for: Callable[[int, int], dict[int, GroupValues]],
+                    more: Sequence[tuple[list[Value], list[Value], Callable[[int], list[Value]]]] = ()) -> list[Value]:
         """One K step's MMAs: per K tile of the layout, the B fragments (`b_frags_for(tile)`),
-        then per N tile j its A fragment (decoded with `params_for(j, tile)`) times each B."""
+        then per N tile j its A fragment (decoded with `params_for(j, tile)`) times each B.
+        `more`: further vectors of the step, (words, meta, b_frags_for) each, in the same
+        scale group: their MMAs add into the same sums, scaled once."""
         b, lay = self.b, self.layout
         new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs] if self.scale_sums else list(accs)
-        for s_ in range(lay.tiles):
-            b_frags = b_frags_for(s_)
-            for j in range(self.nsub):
-                a = self.a_fragment(words[j], s_, params_for(j, s_))
-                if self.sparse:
-                    m_word = meta[j] if lay.meta_words == 1 else \
-                        b.value("extract", [meta[j]], U32, {"index": s_ // 2}, hint="mw")
-                for mt in range(self.msub):
-                    i = j * self.msub + mt
-                    if self.sparse:  # tile pairs share a metadata word: selector = tile parity
-                        new[i] = b.value("mma_sp", [a, b_frags[mt], new[i], m_word], self.frag_c,
-                                         {"selector": s_ % 2}, hint="acc")
-                    else:
-                        new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
+        for words, meta, b_frags_for in [(words, meta, b_frags_for), *more]:
+            for s_ in range(lay.tiles):
+                b_frags = b_frags_for(s_)
+                for j in range(self.nsub):
+                    a = self.a_fragment(words[j], s_, params_for(j, s_))
+                    if self.sparse:
+                        m_word = meta[j] if lay.meta_words == 1 else \
+                            b.value("extract", [meta[j]], U32, {"index": s_ // 2}, hint="mw")
+                    for mt in range(self.msub):
+                        i = j * self.msub + mt
+                        if self.sparse:  # tile pairs share a metadata word: selector = tile parity
+                            new[i] = b.value("mma_sp", [a, b_frags[mt], new[i], m_word], self.frag_c,
+                                             {"selector": s_ % 2}, hint="acc")
+                        else:
+                            new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
         if not self.scale_sums:
             return new
         out = []
@@ -198,14 +217,14 @@ class StreamFamily(GemmParts):
 
     def sum_scales(self, params: dict[int, GroupValues]) -> dict[int, Value]:
         """Per A row offset: the f32 factor of its group's sums (scale times the decode's
-        rebias, `PairDecoder.rebias`)."""
+        rebias, `PairDecoder.rebias`, unless `rebias_at_end`)."""
         b, scaling = self.b, self.fmt.scaling
         out = {}
         for off, values in params.items():
             scale = scaling.emit_scale(b, values)
             if scale.type != F32:
                 scale = b.cast(scale, F32, hint="ss")
-            rebias = self.pairs.rebias
+            rebias = 1.0 if self.rebias_at_end else self.pairs.rebias
             out[off] = scale if rebias == 1.0 else b.binary("mul", scale, b.const(rebias, F32), hint="ss")
         return out
 
@@ -229,9 +248,9 @@ class StreamFamily(GemmParts):
         parts = []
         decode = self.pairs.unscaled if self.scale_sums else self.pairs.dequant
         for p_ in range(pairs_per_tile):
-            word, shift = lay.pair_slot(tile * pairs_per_tile + p_)
+            word, slot = lay.pair_slot(tile * pairs_per_tile + p_)
             w = b.value("extract", [words], U32, {"index": word}, hint="w")
-            parts.append(decode(w, shift, params[self.a_row_off[2 * p_]]))
+            parts.append(decode(w, slot, params[self.a_row_off[2 * p_]]))
         return b.value("frag_build", parts, self.frag_a, hint="fa")
 
 

@@ -325,6 +325,10 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
         ops = self.refs(op)
         self.declare(depth, op.result, f"({ops[0]} ? {ops[1]} : {ops[2]})")
 
+    def op_lop3(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        self.declare(depth, op.result, f"mdsl::lop3<{int(op.attrs['lut']):#04x}>({ops[0]}, {ops[1]}, {ops[2]})")
+
     def op_cast(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         src, dst = self._scalar(op.operands[0].type, op), self._scalar(op.result.type, op)
@@ -407,7 +411,7 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
         **dict.fromkeys(_CMP, op_compare),
         **dict.fromkeys(("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"),
                         op_arith),
-        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast,
+        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast, "lop3": op_lop3,
         "vec": op_vec, "extract": op_extract, "frag_build": MmaEmitters.op_frag_build,
         "load": op_load, "vload": op_vload, "store": op_store, "vstore": op_vstore, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
@@ -416,10 +420,13 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
     }
 
     def wide_load(self, t: Type, buffer: str) -> bool:
-        """A vload printed as one vector access: 4, 8 or 16 bytes, not through __ldcg."""
+        """A vload printed as one vector access: 4, 8 or 16 bytes, or a multiple of 16 (that
+        many 128-bit accesses from one address: the prelude aligns such a vec to 16), not
+        through __ldcg."""
         _, elem, kind = self.memory(buffer)
         assert isinstance(t, VectorType)
-        return kind != "readwrite" and elem.bits * t.size in (32, 64, 128) and elem.bits >= 16
+        bits = elem.bits * t.size
+        return kind != "readwrite" and (bits in (32, 64) or bits % 128 == 0) and elem.bits >= 16
 
     def _scalar(self, t: Type, op: Op) -> ScalarType:
         if not isinstance(t, ScalarType):

@@ -10,7 +10,7 @@ from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
 from ..base import Target
 from .description import CUDA
 
-__all__ = ["multistage_schedule", "tuned_schedule", "warpgroup_schedule"]
+__all__ = ["multistage_schedule", "stream_step_k", "tuned_schedule", "warpgroup_schedule"]
 
 
 def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
@@ -28,7 +28,7 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
             return warpgroup_schedule(fmt, m, target, k, n)
         except ScheduleError:  # a format the warpgroup pipeline does not take (2:4)
             pass
-    tile_k = stream_layout(fmt, target).dense_chunk
+    tile_k = stream_step_k(fmt, target)
 
     def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1) -> Schedule:
         return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
@@ -52,6 +52,22 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
     # its 64 x 128 tiles take 67 us for fp4 and 49 us for fp4 2:4, the weight-stream 64-row
     # tiles 78 and 166 us; where N <= K the weight-stream tiles stay ahead: 82 vs 213 us).
     return multistage_schedule(fmt, m, target, k, n)
+
+
+#: K vectors per weight-stream step where the format's scale groups cover them.
+_STEP_VECTORS = 2
+
+
+def stream_step_k(fmt: Format, target: Target | None = None) -> int:
+    """The weight stream's tile_k: two consecutive K vectors per step where a scale group
+    covers both (one scale load, conversion and multiply of the sums per two vectors: K-loop
+    SASS per vector for fp4 at M = 1 80 -> 70.5, M = 16 97 -> 81.5; bench/sass_count.py,
+    bench/results/issue15_decode_notes.md), else one. Static counts only: the GPU sweep
+    (bench/decode_sweep.py --vectors 1,2) has the last word."""
+    layout = stream_layout(fmt, target or CUDA)
+    g = fmt.scale.group_size
+    vectors = _STEP_VECTORS if g != "K" and int(g) % (_STEP_VECTORS * layout.dense_chunk) == 0 else 1
+    return vectors * layout.dense_chunk
 
 
 #: Threadgroups below which the large tiles leave an H100's 132 SMs too idle.

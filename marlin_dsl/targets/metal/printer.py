@@ -54,7 +54,7 @@ from ...ir.verify import verify_legal
 from ...ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
 from .description import METAL
 from .source import DIMS_NAME, MLX_ATTRIBUTES, MLX_DTYPE, MetalSource
-from ..c_printer import CPrinter
+from ..c_printer import CPrinter, lop3_expression
 
 __all__ = ["MetalSource", "print_metal", "metal_type", "MLX_ATTRIBUTES", "DIMS_NAME"]
 
@@ -219,6 +219,9 @@ class _Printer(CPrinter):
         ops = self.refs(op)
         self.declare(depth, op.result, f"{ops[0]} ? {ops[1]} : {ops[2]}")
 
+    def op_lop3(self, op: Op, depth: int) -> None:
+        self.declare(depth, op.result, lop3_expression(int(op.attrs["lut"]), *self.refs(op)))
+
     def op_cast(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         self.declare(depth, op.result, f"static_cast<{metal_type(op.result.type)}>({ops[0]})")
@@ -322,7 +325,7 @@ class _Printer(CPrinter):
         "const": op_const,
         **dict.fromkeys(_BINARY, op_binary),
         "min": op_min_max, "max": op_min_max,
-        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast,
+        "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast, "lop3": op_lop3,
         "load": op_load, "vload": op_vload, "extract": op_extract, "store": op_store, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         "frag_zero": op_frag_zero, "frag_load": op_frag_load, "frag_store": op_frag_store, "mma": op_mma,
