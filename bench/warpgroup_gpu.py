@@ -43,19 +43,19 @@ FORMATS = tuple(__import__("os").environ.get("WG_FORMATS", "fp4,int4,uint4_zp,nf
 ACTS = ("f16", "bf16")
 #: (name, tile_m, warps_n, stages, depth, a_source): the schedules timed (the first is checked
 #: on every format and shape)
-SCHEDULES = (("wgs128x256s4", 128, 16, 4, 1, "shared"), ("wgs128x256s3", 128, 16, 3, 1, "shared"),
-             ("wgs128x256s4d2", 128, 16, 4, 2, "shared"), ("wgs256x128s4d2", 256, 8, 4, 2, "shared"),
-             ("wgs64x256s4", 64, 16, 4, 1, "shared"))
+SCHEDULES = (("wgs256x128s4d2", 256, 8, 4, 2, "shared"), ("wgs128x128s4", 128, 8, 4, 1, "shared"),
+             ("wgr128x128s3", 128, 8, 3, 1, "registers"))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
                 (300, 4096, 4096 + 128), (2048, 4096, 4096))
 TIME_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
-TIME_MS = (512, 2048)
+TIME_MS = (128, 256, 512, 1024, 2048)
 REL_TOL = {"f16": 2e-3, "bf16": 1.6e-2}  # marlin_dsl.checks.kernel_check.REL_TOL
 
 
 def kernel_specs():
     """(kernel name, format, activation, schedule) of every kernel of the run."""
     import marlin_dsl as md
+    from marlin_dsl.layouts.weight_stream import stream_layout
 
     out = []
     for fmt_name in FORMATS:
@@ -63,7 +63,7 @@ def kernel_specs():
         for act in ACTS:
             scheds = SCHEDULES if (fmt_name, act) == ("fp4", "f16") else SCHEDULES[:1]
             for name, tm, wn, st, depth, a_source in scheds:
-                s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=md.tuned_schedule(fmt, 1).tile_k,
+                s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=stream_layout(fmt, md.CUDA).dense_chunk,
                                 warps_m=1, warps_n=wn,
                                 pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source))
                 out.append((f"{fmt_name}_{act}_{name}", fmt, act, s))
