@@ -32,7 +32,7 @@ def test_dry_run_builds_compiles_and_checks_every_kernel(tmp_path: Path) -> None
     names = {k["name"] for k in summary["kernels"]}
     # the grid (k_warps 4, unroll 1 and 2) for M = 1 and 16, and the tuned schedules
     assert {"fp4_m8_n16_kw4_d1_u1_v1", "fp4_m8_n16_kw4_d1_u2_v1", "fp4_m16_n16_kw4_d1_u2_v1"} <= names
-    assert {"fp4_m8_n16_kw16_d1_u1_v2", "fp4_m16_n16_kw8_d1_u1_v2"} <= names  # tuned for 4096 x 14336
+    assert {"fp4_m8_n16_kw8_d2_u1_v2", "fp4_m16_n16_kw8_d1_u1_v1"} <= names  # tuned for 4096 x 14336
     tuned = [k for k in summary["kernels"] if k["tuned_for"]]
     assert {k["m"] for k in tuned} == {1, 16} and all(k["tuned_for"] == [[4096, 14336]] for k in tuned)
     assert summary["nvcc_ok"] is True
@@ -86,7 +86,7 @@ def test_gpu_path_checks_times_and_summarises(tmp_path: Path, monkeypatch, capsy
     out = capsys.readouterr().out
     if corrupt:  # a wrong kernel fails, is not timed, and the run says so
         assert rc == 1 and result["failed"] == ["fp4_m8_n16_kw4_d1_u1_v1", "fp4_m8_n16_kw4_d1_u2_v1"]
-        assert timed == {"fp4_m8_n16_kw16_d1_u1_v2"} and "FAIL fp4_m8_n16_kw4_d1_u1_v1" in out
+        assert timed == {"fp4_m8_n16_kw16_d2_u1_v2"} and "FAIL fp4_m8_n16_kw4_d1_u1_v1" in out
     else:
         assert rc == 0 and not result["failed"] and timed == set(kernels)
         assert all(c["rel_error"] < 2e-3 for k in kernels.values() for c in k["checks"])

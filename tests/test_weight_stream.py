@@ -205,8 +205,12 @@ def test_tuned_schedule_buckets() -> None:
     assert md.tuned_schedule(fmt, 32, None, 4096, 14336).name == "multistage_small"
     assert md.tuned_schedule(fmt, 64, None, 14336, 4096).name == "stream_m32"
     assert md.tuned_schedule(md.builtin_format("fp4_2of4"), 1).tile_k == 128
-    assert md.tuned_schedule(fmt, 16, None, 14336, 4096).name == "stream_m16_long_k"
-    assert md.tuned_schedule(fmt, 16, None, 4096, 14336).name == "stream_m16"
+    # the H100 sweep (bench/results/issue15_h100_2026-11-25c/decode): two K vectors per step
+    # and depth 2 at M <= 8, one vector at M = 16; 8 warps split K where N > K, else 16
+    m1, m16 = md.tuned_schedule(fmt, 1, None, 14336, 4096), md.tuned_schedule(fmt, 16, None, 14336, 4096)
+    assert (m1.tile_k, m1.pipeline.depth, m1.pipeline.k_warps) == (128, 2, 16)
+    assert (m16.name, m16.tile_k, m16.pipeline.k_warps) == ("stream_m16", 64, 16)
+    assert md.tuned_schedule(fmt, 16, None, 4096, 14336).pipeline.k_warps == 8
 
 
 def test_stream_kernel_text_round_trips() -> None:

@@ -28,23 +28,27 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
             return warpgroup_schedule(fmt, m, target, k, n)
         except ScheduleError:  # a format the warpgroup pipeline does not take (2:4)
             pass
-    tile_k = stream_step_k(fmt, target)
+    pair_k = stream_step_k(fmt, target)  # two K vectors per step where a group covers both
+    one_k = stream_layout(fmt, target).dense_chunk
 
-    def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1) -> Schedule:
+    def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1,
+             tile_k: int = one_k) -> Schedule:
         return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
                         warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
 
-    # From ncu on an H100 (bench/results/gpu/ncu_kshuffle_probe_h100_2026-11-22.json and
-    # ncu_large_m_probe_h100_2026-11-22.json): 16 warps splitting K win at M <= 8 (more loads
-    # in flight); at M <= 16 they win where K > N (few N tiles to spread), 8 warps elsewhere;
-    # up to 64 rows, 32-row tiles where N <= K.
+    # From ncu on an H100, cold L2 (bench/results/issue15_h100_2026-11-25c/decode: the sweep of
+    # k_warps x depth x K vectors per step for fp4 on 4096^2, 4096 x 14336, 14336 x 4096): at
+    # M <= 8 two vectors per step and depth 2 win (7.8 / 16.0 / 14.4 us), with 16 warps
+    # splitting K, 8 where N > K; at M = 16 one vector per step and depth 1 (9.7 / 19.9 /
+    # 18.6 us; two vectors: 10.8 / 24.5 / 30.8), again 16 warps, 8 where N > K. Up to 64
+    # rows, 32-row tiles where N <= K (ncu_kshuffle_probe_h100_2026-11-22.json), one vector a
+    # step as at M = 16 (not swept).
     wide_n = k is not None and n is not None and n > k
+    k_warps = 8 if wide_n else 16
     if m <= 8:
-        return make("stream_m8", 8, 16)
+        return make("stream_m8", 8, k_warps, depth=2, tile_k=pair_k)
     if m <= 16:
-        if k is not None and n is not None and k > n:
-            return make("stream_m16_long_k", 16, 16, depth=2)
-        return make("stream_m16", 16, 8)
+        return make("stream_m16", 16, k_warps)
     if m <= 64 and not wide_n:
         return make("stream_m32", 32, 8)
     # Beyond 64 rows, and from 17 where N > K, the multistage pipeline
