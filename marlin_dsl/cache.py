@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 DEFAULT_MAX_MB = 512
@@ -79,6 +80,19 @@ def prune(folder: Path, limit: int | None = None, keep: tuple[Path, ...] = ()) -
         except FileNotFoundError:
             continue
     return removed
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename: other processes may be
+    reading the same entry (a build from the same text, a compiled kernel)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def clear() -> int:

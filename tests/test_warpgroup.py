@@ -16,7 +16,7 @@ from marlin_dsl import CUDA, METAL, Gemm, Schedule, Warpgroup
 from marlin_dsl.checks.kernel_check import check_kernel
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import ScheduleError
-from marlin_dsl.ir import F16, F32, U32, Builder, BufferParam, FragmentType, GridDim, Kernel, SharedArray, VectorType
+from marlin_dsl.ir import F16, F32, Builder, BufferParam, FragmentType, GridDim, Kernel, SharedArray, VectorType
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.ir.verify import VerifyError, verify
 from marlin_dsl.lowering import warpgroup as wg_lowering

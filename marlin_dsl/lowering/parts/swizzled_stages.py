@@ -119,7 +119,6 @@ class SwizzledStages(GemmParts):
         b.op("async_commit")
 
     def issue_regular(self, kv: Value, k_step0: Value, base: Value) -> None:
-        b = self.b
         dst = self.op2("add", base, self.x_dst0, hint="xd")
         src = self.op2("add", self.x_src0, k_step0, hint="xi")
         in_k = self.op2("lt", kv, self.KV, hint="kok")

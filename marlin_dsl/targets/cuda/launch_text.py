@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
-from ...cache import cache_dir, prune
+from ...cache import cache_dir, prune, write_atomic
 from ...errors import MarlinDSLError
 
 #: The cache part holding kernel text files (cache.py).
@@ -61,14 +60,7 @@ def _write(path: Path, text: str) -> None:
             return
     except (OSError, UnicodeDecodeError):
         pass
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text.encode())
 
 
 def _include(path: Path) -> str:

@@ -28,10 +28,9 @@ import hashlib
 import importlib.util
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from ...cache import cache_dir, prune
+from ...cache import cache_dir, prune, write_atomic
 from ...errors import CompileError, EnvironmentUnavailable
 
 __all__ = ["CACHE_PART", "NVRTC_OPTIONS", "compile_cuda", "cuda_include_paths", "find_nvrtc",
@@ -250,18 +249,6 @@ def cache_key(source: str, arch: str, options: list[str], version: tuple[int, in
     return h.hexdigest()[:32]
 
 
-def _store(path: Path, data: bytes) -> None:
-    """Atomically: other processes may read the same entry."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def compile_cuda(source: str, name: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS,
                  cache: bool = True) -> bytes:
     """`source` (a complete translation unit) compiled by NVRTC for `arch`: a cubin for
@@ -293,7 +280,7 @@ def compile_cuda(source: str, name: str, arch: str, options: tuple[str, ...] = N
         _MEMO[key] = data
         if path is not None:
             try:
-                _store(path, data)
+                write_atomic(path, data)
                 prune(path.parent, keep=(path,))
             except OSError:
                 pass
