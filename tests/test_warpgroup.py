@@ -59,10 +59,12 @@ def test_kernels_match_the_reference(fmt_name: str, act: str, a_source: str) -> 
     assert_matches(gemm, kernel, [(1, 64, 256), (3, 72, 384), (65, 136, 256), (129, 64, 384)])
 
 
-@pytest.mark.parametrize("tile_m, warps_n, stages, depth", [(8, 4, 3, 1), (64, 8, 5, 2), (128, 8, 4, 2),
-                                                              (256, 8, 4, 2)])
-def test_schedule_variants(tile_m: int, warps_n: int, stages: int, depth: int) -> None:
-    gemm, kernel = compiled(tile_m=tile_m, warps_n=warps_n, stages=stages, depth=depth)
+@pytest.mark.parametrize("tile_m, warps_n, stages, depth, tile_k", [(8, 4, 3, 1, 64), (64, 8, 5, 2, 64),
+                                                                      (128, 8, 4, 2, 64), (256, 8, 4, 2, 64),
+                                                                      (32, 4, 3, 2, 128), (128, 8, 4, 1, 128)])
+def test_schedule_variants(tile_m: int, warps_n: int, stages: int, depth: int, tile_k: int) -> None:
+    # tile_k = 128: two K vectors a step (two swizzle atoms of activations and decoded weights)
+    gemm, kernel = compiled(tile_m=tile_m, warps_n=warps_n, stages=stages, depth=depth, tile_k=tile_k)
     # whole tiles (the copies without predicates) and partial ones, K one step and several
     assert_matches(gemm, kernel, [(tile_m, 16 * warps_n, 256), (tile_m + 3, 16 * warps_n + 8, 128),
                                   (2 * tile_m, 16 * warps_n, 512)], seed=tile_m)
@@ -78,6 +80,29 @@ def test_mlx_modes(mode: str, bits: int, group: int, dtype: str | None) -> None:
     gemm = Gemm(f"wg_{mode}", fmt, warpgroup_schedule(fmt, 512), "f16")
     # groups smaller than a K step (32, 16): group parameters per K tile; K = 288 leaves a tail
     assert_matches(gemm, compile_gemm(gemm, CUDA).kernel, [(3, 136, 288 if group <= 32 else 256), (257, 128, 384)])
+
+
+def test_two_vector_steps_in_both_a_sources() -> None:
+    for a_source in ("shared", "registers"):
+        gemm, kernel = compiled(a_source=a_source, tile_k=128)
+        assert_matches(gemm, kernel, [(65, 72, 512), (3, 64, 256)])
+    with pytest.raises(ScheduleError, match="cover whole steps"):  # nf4's groups of 64
+        compiled("nf4", tile_k=128)
+
+
+def test_a_batch_of_wgmmas_stays_together_after_the_passes() -> None:
+    """Between a wgmma_fence and its commit only the wgmmas and their offsets (the schedule
+    fences keep the next step's decode out: ptxas serialises a batch with other work in it)."""
+    for tile_k in (64, 128):
+        _, kernel = compiled(tile_m=128, warps_n=8, tile_k=tile_k)
+        loop = next(op for op in kernel.walk() if op.name == "for" and any(
+            o.name == "wgmma" for o in op.regions[0].ops))
+        ops = loop.regions[0].ops
+        start = next(i for i, o in enumerate(ops) if o.name == "wgmma_fence")
+        end = next(i for i, o in enumerate(ops) if o.name == "wgmma_commit")
+        inside = {o.name for o in ops[start + 1:end]}
+        assert inside <= {"wgmma", "add", "mul", "rem", "const"}, inside
+        assert sum(o.name == "wgmma" for o in ops[start:end]) == 4 * tile_k // 64
 
 
 def test_the_decoded_weights_are_stored_in_the_activations_k_order() -> None:
@@ -371,6 +396,8 @@ def test_printed_cuda(a_source: str) -> None:
     assert "wgmma.fence.sync.aligned" in body and "wgmma.commit_group.sync.aligned" in body
     assert "fence.proxy.async.shared::cta" in body
     assert "mdsl::wgmma_desc_sw128<1024u>" in body
+    # the chain of a batch updates one accumulator in place (references, no register copies)
+    assert "mdsl::frag_cw<64>& " in body
     # the dynamic block's start aligned at run time for the swizzled tiles
     assert "& 1023u)) & 1023u)" in body and src.dynamic_shared_bytes % 16 == 0
     waits = [line for line in body.splitlines() if "wgmma.wait_group.sync.aligned" in line]

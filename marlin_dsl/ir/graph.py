@@ -6,8 +6,9 @@
 - `data`: def -> use, where a use inside a nested region of an op counts as a use by that op;
 - `order`: the memory rules of docs/IR.md. Two ops touching the same buffer or shared array,
   at least one of them writing, keep their order; barriers and fences keep their order with
-  respect to every memory op; collective ops (`frag_*`, `mma`) keep their relative order; the
-  terminator (`yield`) stays last.
+  respect to every memory op; collective ops (`frag_*`, `mma`) keep their relative order; every
+  op keeps its side of a schedule fence (`OpDef.schedule_fence`: the wgmma batch's fence and
+  commit); the terminator (`yield`) stays last.
 
 An op with regions has the union of the effects of the ops inside it (a loop containing a
 barrier orders like a barrier). Every edge goes from a lower to a higher index, so the block's
@@ -123,6 +124,17 @@ def dataflow_graph(block: Block) -> nx.DiGraph:
                 edge(i, j, "data")
         for r in op.results:
             producer[id(r)] = j
+
+    # schedule fences (OpDef.schedule_fence): every op keeps its side of each
+    last_fence: int | None = None
+    for j, op in enumerate(ops):
+        d = OPS.get(op.name)
+        if d is not None and d.schedule_fence:
+            for i in range(last_fence + 1 if last_fence is not None else 0, j):
+                edge(i, j, "order")
+            last_fence = j
+        elif last_fence is not None:
+            edge(last_fence, j, "order")
 
     last_barrier: int | None = None
     since_barrier: list[int] = []

@@ -48,6 +48,10 @@ class OpDef:
     #: the scalar semantics (semantics.py): Signature -> numpy evaluator over operand arrays,
     #: shared by the interpreter and the folder; None for ops that are not pure arithmetic.
     evaluate: semantics.Semantics | None = None
+    #: no op moves across it when a pass reorders a block (ir/graph.py): what lies between two
+    #: such ops stays there (a batch of wgmmas: ptxas serialises them if anything else runs
+    #: between the batch's fence and its commit)
+    schedule_fence: bool = False
 
     @property
     def pure(self) -> bool:
@@ -374,10 +378,10 @@ _define(
               "@smem at element offset b as the target's swizzled rows (one row per column of B); c "
               "is this warp's rows of the accumulator. The result is in flight until a wgmma_wait "
               "retires it: only a wgmma, a wgmma_fence, a yield and a wgmma_wait may take it"),
-    OpDef("wgmma_fence", (0, None), writes_memory=True, collective=True, rule=_wgmma_fence,
+    OpDef("wgmma_fence", (0, None), writes_memory=True, collective=True, rule=_wgmma_fence, schedule_fence=True,
           doc="order earlier register writes of the operand fragments before the wgmmas that follow "
               "(needed before each batch of wgmmas)"),
-    OpDef("wgmma_commit", (0, 0), writes_memory=True, collective=True,
+    OpDef("wgmma_commit", (0, 0), writes_memory=True, collective=True, schedule_fence=True,
           doc="close this warp's open group of wgmmas"),
     OpDef("wgmma_wait", (0, None), ("pending",), results=(0, 1), writes_memory=True, collective=True,
           rule=_wgmma_wait,

@@ -59,8 +59,10 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         shared_a = p.a_source == "shared"
         self.init_swizzled(original_order=shared_a)
         self.b_layout = target.warpgroup_b_layout
-        self.x_stage = s.tile_m * self.row  # elements: whole atoms, since tile_m % 8 == 0
-        self.a_stage = s.tile_n * self.row  # decoded weights of one step: tile_n rows
+        self.x_stage = self.atoms * self.atom_elems  # elements: whole swizzle atoms (tile_m % 8 == 0)
+        #: decoded weights of one step: one atom (tile_n rows of one K vector) per vector
+        self.a_atom = s.tile_n * self.row
+        self.a_stage = self.atoms * self.a_atom
         self._a_index: dict[tuple[int, int], Value] = {}
         self.frag_acc = FragmentType("c", F32, target.mma_m, s.tile_m)
         c_rows, c_cols = target.lane_elements("c", target.mma_m, s.tile_m)  # type: ignore[misc]
@@ -71,7 +73,8 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
 
     def lower(self) -> Kernel:
         self.stream_setup(("lane", "warp", "tid"), "wm", "wt", clamp=False)
-        self.setup_fetch()
+        self.setup_fetch(self.atoms)
+        self.steps = self.KS  # K steps (of `atoms` vectors each)
         self.setup_copies()
         if self.pipeline.a_source == "shared":
             mm = self.target.mma_m
@@ -131,7 +134,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
             a_next = self.decode(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
             return [*a_next, *carried[per_set:], *new, done]
 
-        results = self.carried_for(0, self.KV, 1, [("fa", first), ("pf", ahead), ("acc", [acc])],
+        results = self.carried_for(0, self.steps, 1, [("fa", first), ("pf", ahead), ("acc", [acc])],
                                    body, iv_hint="kv", hint="fin")
         return results[-1]
 
@@ -158,8 +161,10 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
             a_base = self.a_offset(kv)
             b.op("wgmma_fence", [acc_in])
             acc_v = acc_in
-            for t in range(self.layout.tiles):
-                a_off = self.op2("add", a_base, t * self.wg_k, hint="ab") if t else a_base
+            for t in range(self.layout.tiles * self.atoms):  # K tiles of every vector of the step
+                atom, col = divmod(t * self.wg_k, self.row)
+                off = atom * self.a_atom + col
+                a_off = self.op2("add", a_base, off, hint="ab") if off else a_base
                 acc_v = b.value("wgmma", [a_off, self.b_offset(slot, t), acc_v], self.frag_acc,
                                 {"smem": "x_s", "smem_a": "a_s"}, hint="acc")
             b.op("wgmma_commit")
@@ -168,7 +173,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
             self.store_a(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
             return [*carried[per_set:], *new, acc_v]
 
-        results = self.carried_for(0, self.KV, 1, [("pf", ahead), ("acc", [acc])], body,
+        results = self.carried_for(0, self.steps, 1, [("pf", ahead), ("acc", [acc])], body,
                                    iv_hint="kv", hint="fin")
         return b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")
 
@@ -224,28 +229,32 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
                 self.a_runs.append((row_off, chunk[0][0], [(t, p_) for _, t, p_ in chunk]))
 
     def store_a(self, kv: Value, fetched: list[Value]) -> None:
-        """Decode step kv's weights and store them in A buffer kv % 3 (`a_store_plan`)."""
+        """Decode step kv's weights and store them in A buffer kv % 3 (`a_store_plan`): K
+        vector j of the step in atom j."""
         b, lay = self.b, self.layout
-        (words,), _, params = self.unpack_fetched(fetched)
-        k_vec0 = self.op2("mul", kv, lay.dense_chunk, hint="kb")
+        words, _, params = self.unpack_fetched(fetched)
+        k_step0 = self.op2("mul", kv, self.s.tile_k, hint="kb")
         base = self.op2("mul", self.op2("rem", kv, A_BUFFERS, hint="abuf"), self.a_stage, hint="ab")
         pairs_per_tile = lay.per_lane // 2
-        decoded: dict[tuple[int, int], Value] = {}
-        for t in range(lay.tiles):
-            if params is not None:
-                p = params[0]
-            else:
-                p = self.row_params(0, self.op2("add", k_vec0, t * self.tile_k_dense, hint="kt") if t else k_vec0)
-            for p_ in range(pairs_per_tile):
-                word, shift = lay.pair_slot(t * pairs_per_tile + p_)
-                w = b.value("extract", [words[0]], U32, {"index": word}, hint="w")
-                decoded[(t, p_)] = self.pairs.dequant(w, shift, p[self.a_row_off[2 * p_]])
-        for row_off, start, members in self.a_runs:
-            parts = [decoded[m] for m in members]
-            value = parts[0] if len(parts) == 1 else \
-                b.value("vec", parts, VectorType(self.act, 2 * len(parts)), hint="a4")
-            idx = self.op2("add", base, self.a_run_index(row_off, start), hint="ai")
-            b.op("vstore", [idx, value], attrs={"buffer": "a_s", "size": 2 * len(parts)})
+        for j, vector in enumerate(words):
+            decoded: dict[tuple[int, int], Value] = {}
+            for t in range(lay.tiles):
+                if params is not None:  # a step lies in one scale group
+                    p = params[0]
+                else:
+                    k = j * lay.dense_chunk + t * self.tile_k_dense
+                    p = self.row_params(0, self.op2("add", k_step0, k, hint="kt") if k else k_step0)
+                for p_ in range(pairs_per_tile):
+                    word, shift = lay.pair_slot(t * pairs_per_tile + p_)
+                    w = b.value("extract", [vector[0]], U32, {"index": word}, hint="w")
+                    decoded[(t, p_)] = self.pairs.dequant(w, shift, p[self.a_row_off[2 * p_]])
+            atom = self.op2("add", base, j * self.a_atom, hint="ab") if j else base
+            for row_off, start, members in self.a_runs:
+                parts = [decoded[m] for m in members]
+                value = parts[0] if len(parts) == 1 else \
+                    b.value("vec", parts, VectorType(self.act, 2 * len(parts)), hint="a4")
+                idx = self.op2("add", atom, self.a_run_index(row_off, start), hint="ai")
+                b.op("vstore", [idx, value], attrs={"buffer": "a_s", "size": 2 * len(parts)})
 
     def a_run_index(self, row_off: int, start: int) -> Value:
         """Element index (within an A buffer) of this lane's run at row offset `row_off` and
@@ -263,16 +272,18 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         return self._a_index[key]
 
     def decode(self, kv: Value, fetched: list[Value]) -> list[Value]:
-        """Step kv's A fragments (one per K tile of the layout) from its fetched weight vector."""
-        (words,), _, params = self.unpack_fetched(fetched)
-        k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+        """Step kv's A fragments (one per K tile of each of its vectors), in K order."""
+        words, _, params = self.unpack_fetched(fetched)
+        k_step0 = self.op2("mul", kv, self.s.tile_k, hint="kb")
         out = []
-        for t in range(self.layout.tiles):
-            if params is not None:
-                p = params[0]
-            else:
-                p = self.row_params(0, self.op2("add", k_vec0, t * self.tile_k_dense, hint="kt") if t else k_vec0)
-            out.append(self.a_fragment(words[0], t, p))
+        for j, vector in enumerate(words):
+            for t in range(self.layout.tiles):
+                if params is not None:
+                    p = params[0]
+                else:
+                    k = j * self.layout.dense_chunk + t * self.tile_k_dense
+                    p = self.row_params(0, self.op2("add", k_step0, k, hint="kt") if k else k_step0)
+                out.append(self.a_fragment(vector[0], t, p))
         return out
 
     def store_acc(self, acc: Value) -> None:

@@ -68,7 +68,7 @@ class Warpgroup:
         if wg is None or target.warpgroup_b_layout is None:
             raise ScheduleError(f"schedule {name!r}: the warpgroup pipeline needs a warpgroup MMA, "
                                 f"which {target.name} does not have", where)
-        check_stream(schedule, self.kind, fmt, target)
+        check_stream(schedule, self.kind, fmt, target, vectors=True)
         layout = stream_layout(fmt, target, where)
         if layout.sparse:
             raise ScheduleError(f"schedule {name!r}: the warpgroup pipeline does not take 2:4 "

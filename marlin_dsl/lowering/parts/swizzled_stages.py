@@ -53,7 +53,11 @@ class SwizzledStages(GemmParts):
         self.atom_rows = layout.atom_rows
         chunk = self.layout.dense_chunk
         if chunk != self.row:
-            raise CompileError(f"warpgroup: a K step of {chunk} does not fill one swizzled row of {self.row}")
+            raise CompileError(f"warpgroup: a K vector of {chunk} does not fill one swizzled row of {self.row}")
+        #: K vectors per step: a step's tile is `atoms` tiles of one swizzled row per M row,
+        #: atom j (K vector j of the step) at j * atom_elems
+        self.atoms = self.s.tile_k // chunk
+        self.atom_elems = self.s.tile_m * self.row
         self.x_pos = k_positions(None if original_order else self.layout.k_perm, chunk)
         granule_k = self.fmt.k_granule & -self.fmt.k_granule  # K is a multiple of this
         widest = max(1, min(self.target.async_copy_bytes // elem_bytes, granule_k, self.per_chunk))
@@ -61,7 +65,7 @@ class SwizzledStages(GemmParts):
         if self.granule * elem_bytes < 4:
             raise CompileError(f"warpgroup: format {self.fmt.name!r} keeps no 4-byte run of K together "
                                "(asynchronous copies move 4, 8 or 16 bytes)")
-        self.per_row = chunk // self.granule
+        self.per_row = self.atoms * chunk // self.granule  # copy pieces of one M row of a step
 
     def swizzled_tables(self) -> list[ConstTable]:
         """x_pos[c]: the MMA position of the step's copy piece c (original offset c * granule)."""
@@ -91,26 +95,31 @@ class SwizzledStages(GemmParts):
         self.x_pass_src = self.op2("mul", self.K, self.rows_per_pass, hint="xi")
         # whole tiles: every row inside M and K a whole number of steps (no predicates)
         rows_in = self.op2("le", self.op2("add", self.m0, s.tile_m, hint="xm"), self.M, hint="full")
-        whole_k = self.op2("eq", self.op2("rem", self.K, self.layout.dense_chunk, hint="full"), 0, hint="full")
+        whole_k = self.op2("eq", self.op2("rem", self.K, self.s.tile_k, hint="full"), 0, hint="full")
         self.x_full = self.op2("and", rows_in, whole_k, hint="full")
 
     def swizzled_index(self, r: Value, c: Value) -> Value:
-        """Element index (within a stage) of copy piece c of row r: chunk p / per_chunk of row
-        r, for position p = x_pos[c], is stored at chunk (p / per_chunk) ^ (r % atom_rows)."""
+        """Element index (within a stage) of copy piece c of row r: piece c lies in K vector
+        j = c / pieces (atom j), where chunk p / per_chunk of row r, for position
+        p = x_pos[c % pieces], is stored at chunk (p / per_chunk) ^ (r % atom_rows)."""
         b = self.b
+        pieces = self.layout.dense_chunk // self.granule
+        atom, c = (self.op2("div", c, pieces, hint="xa"), self.op2("rem", c, pieces, hint="xc")) \
+            if self.atoms > 1 else (None, c)
         p = b.value("table", [c], U32, {"name": "x_pos"}, hint="xp")
         swz = self.op2("xor", self.op2("div", p, self.per_chunk, hint="ch"),
                        self.op2("rem", r, self.atom_rows, hint="ch"), hint="ch")
         col = self.op2("add", self.op2("mul", swz, self.per_chunk, hint="xd"),
                        self.op2("rem", p, self.per_chunk, hint="xd"), hint="xd")
-        return self.op2("add", self.op2("mul", r, self.row, hint="xd"), col, hint="xd")
+        idx = self.op2("add", self.op2("mul", r, self.row, hint="xd"), col, hint="xd")
+        return idx if atom is None else self.op2("add", idx, self.op2("mul", atom, self.atom_elems, hint="xd"), hint="xd")
 
     def issue_x(self, kv: Value) -> None:
         """Start the copies of step kv's activation tile into slot kv % stages, as one group
         (a step past the end of K copies nothing: its group is empty and never read)."""
         b = self.b
         slot = self.op2("rem", kv, self.n_stages, hint="slot")
-        k_step0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kx")
+        k_step0 = self.op2("mul", kv, self.s.tile_k, hint="kx")
         base = self.op2("mul", slot, self.x_stage, hint="xs")
         if self.regular:
             self.issue_regular(kv, k_step0, base)
@@ -121,7 +130,7 @@ class SwizzledStages(GemmParts):
     def issue_regular(self, kv: Value, k_step0: Value, base: Value) -> None:
         dst = self.op2("add", base, self.x_dst0, hint="xd")
         src = self.op2("add", self.x_src0, k_step0, hint="xi")
-        in_k = self.op2("lt", kv, self.KV, hint="kok")
+        in_k = self.op2("lt", kv, self.steps, hint="kok")
 
         def copies(pred_of) -> None:
             for i in range(self.passes):
@@ -157,10 +166,13 @@ class SwizzledStages(GemmParts):
         self.per_thread(s.tile_m * self.per_row, piece)
 
     def b_offset(self, slot: Value, tile: int) -> Value:
-        """The element offset of K tile `tile` of stage `slot`: the stage's start plus the
-        tile's columns (the instruction reads its k columns from there in every row)."""
+        """The element offset of K tile `tile` of stage `slot`: the stage's start, its atom
+        (K vector) and the tile's columns in it (the instruction reads its k columns from
+        there in every row)."""
         base = self.op2("mul", slot, self.x_stage, hint="xb")
-        return self.op2("add", base, tile * self.wg_k, hint="xb") if tile else base
+        atom, col = divmod(tile * self.wg_k, self.row)
+        off = atom * self.atom_elems + col
+        return self.op2("add", base, off, hint="xb") if off else base
 
 
 __all__ = ["SwizzledStages", "copy_granule", "k_positions"]

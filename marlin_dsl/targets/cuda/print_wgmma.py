@@ -44,9 +44,21 @@ class WgmmaEmitters:
     emit: Callable[[int, str], None]
 
     def _copy_acc(self, op: Op, acc: str, depth: int) -> str:
+        """The result's variable: a reference to the accumulator operand where nothing but
+        this op (and wgmma_fences) reads that value, so the asm updates the same registers
+        (a copy would be register moves that ptxas may leave between the wgmmas of a batch,
+        which makes it serialise them: C7514), else a copy."""
         t = op.result.type
         name = self.define(op.result)
-        self.emit(depth, f"{cuda_type(t)} {name} = {acc};")
+        if not hasattr(self, "_wg_uses"):
+            self._wg_uses: dict[int, list[Op]] = {}
+            for o in self.k.walk():
+                for v in o.operands:
+                    self._wg_uses.setdefault(id(v), []).append(o)
+        others = [o for o in self._wg_uses.get(id(op.operands[0] if op.name == "wgmma_wait" else op.operands[2]), [])
+                  if o is not op]
+        alias = all(o.name == "wgmma_fence" for o in others)
+        self.emit(depth, f"{cuda_type(t)}{'&' if alias else ''} {name} = {acc};")
         return name
 
     def op_wgmma(self, op: Op, depth: int) -> None:

@@ -108,6 +108,9 @@ def warpgroup_schedule(fmt: Format, m: int, target: Target | None = None, k: int
     tiles were fastest on every shape at M = 512 and 2048 (0.68-0.85x fp16 mx.matmul). A
     ScheduleError where the format or target has no warpgroup kernel."""
     target = target or CUDA
+    # One K vector a step: two (tile_k = 128, `Warpgroup` takes it) halve the per-step work
+    # but need 2x the shared memory (256-row tiles no longer fit) and ptxas moves the next
+    # step's decode into the batch of 8 wgmmas and serialises it (C7514); not measured yet.
     tile_k = stream_layout(fmt, target).dense_chunk
     tile_m = 256 if m > 128 else 128
     sched = Schedule(f"warpgroup_{tile_m}", tile_m=tile_m, tile_n=128, tile_k=tile_k, warps_m=1, warps_n=8,
