@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 FORMATS = tuple(__import__("os").environ.get("WG_FORMATS", "fp4,int4,uint4_zp,nf4").split(","))
+#: how many of SCHEDULES to build ($WG_SCHEDULES): the first is checked on every format and shape
 ACTS = ("f16", "bf16")
 #: (name, tile_m, warps_n, stages, depth, a_source): the schedules timed (the first is checked
 #: on every format and shape)
@@ -47,8 +48,11 @@ SCHEDULES = (("wgs256x128s4d2", 256, 8, 4, 2, "shared"), ("wgs128x128s4", 128, 8
              ("wgr128x128s3", 128, 8, 3, 1, "registers"))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
                 (300, 4096, 4096 + 128), (2048, 4096, 4096))
-TIME_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
-TIME_MS = (128, 256, 512, 1024, 2048)
+_ENV = __import__("os").environ
+#: timed shapes and rows ($WG_TIME_KN="4096x4096,..." and $WG_TIME_MS="2048,..." narrow them)
+TIME_KN = tuple(tuple(int(v) for v in kn.split("x")) for kn in
+                _ENV.get("WG_TIME_KN", "4096x4096,4096x14336,14336x4096").split(",") if kn)
+TIME_MS = tuple(int(v) for v in _ENV.get("WG_TIME_MS", "128,256,512,1024,2048").split(",") if v)
 REL_TOL = {"f16": 2e-3, "bf16": 1.6e-2}  # marlin_dsl.checks.kernel_check.REL_TOL
 
 
@@ -61,7 +65,8 @@ def kernel_specs():
     for fmt_name in FORMATS:
         fmt = md.builtin_format(fmt_name)
         for act in ACTS:
-            scheds = SCHEDULES if (fmt_name, act) == ("fp4", "f16") else SCHEDULES[:1]
+            first = int(__import__("os").environ.get("WG_SCHEDULES", len(SCHEDULES)))
+            scheds = SCHEDULES[:first] if (fmt_name, act) == ("fp4", "f16") else SCHEDULES[:1]
             for name, tm, wn, st, depth, a_source in scheds:
                 s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=stream_layout(fmt, md.CUDA).dense_chunk,
                                 warps_m=1, warps_n=wn,
