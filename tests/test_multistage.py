@@ -23,7 +23,7 @@ from marlin_dsl.ir import (F16, F32, U32, BufferParam, Builder, FragmentType, Gr
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.ir.text import assert_round_trip
 from marlin_dsl.ir.verify import VerifyError, verify
-from marlin_dsl.checks.kernel_check import check_kernel
+from kernel_asserts import assert_matches
 
 STREAM_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
 ASYNC_OPS = {"async_copy", "async_commit", "async_wait", "frag_elems"}
@@ -64,14 +64,6 @@ def compile_ms(fmt_name: str, sched: Schedule, act: str = "f16", group=None) -> 
     fmt = md.builtin_format(fmt_name) if group is None else md.builtin_format(fmt_name, group)
     gemm = Gemm(f"ms_{fmt_name}", fmt, sched, act)
     return gemm, compile_gemm(gemm, CUDA).kernel
-
-
-def assert_matches(gemm: Gemm, kernel: Kernel, shapes, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    for shape in shapes:
-        result = check_kernel(gemm, kernel, shape, rng)
-        assert result.untouched_poison == 0, (shape, result)
-        assert result.ok, (shape, result)
 
 
 # ----- kernels in the interpreter ---------------------------------------------------------------

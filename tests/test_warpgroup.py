@@ -13,7 +13,7 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import CUDA, METAL, Gemm, Schedule, Warpgroup
-from marlin_dsl.checks.kernel_check import check_kernel
+from kernel_asserts import assert_matches
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import ScheduleError
 from marlin_dsl.ir import F16, F32, Builder, BufferParam, FragmentType, GridDim, Kernel, SharedArray, VectorType
@@ -38,14 +38,6 @@ def wg_schedule(tile_m: int = 32, warps_n: int = 4, stages: int = 3, depth: int 
 def compiled(fmt_name: str = "fp4", act: str = "f16", **kw) -> tuple[Gemm, Kernel]:
     gemm = Gemm(f"wg_{fmt_name}", md.builtin_format(fmt_name), wg_schedule(**kw), act)
     return gemm, compile_gemm(gemm, CUDA).kernel
-
-
-def assert_matches(gemm: Gemm, kernel: Kernel, shapes, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    for shape in shapes:
-        result = check_kernel(gemm, kernel, shape, rng)
-        assert result.untouched_poison == 0, (shape, result)
-        assert result.ok, (shape, result)
 
 
 # ----- kernels in the interpreter ---------------------------------------------------------------

@@ -8,17 +8,31 @@ from .core import BufferParam, Kernel, Op, SharedArray
 from .types import BF16, BOOL, F16, F32, U32, FragmentType, VectorType
 
 
-def _frag_build(op: Op, kernel: Kernel) -> str | None:
+def _target(kernel: Kernel):
+    """The registered target the kernel is for (its `target` attribute), or None. Imported
+    here: the targets package imports its printers, which import the IR."""
     from ..targets.base import TARGETS
 
+    return TARGETS.get(str(kernel.attrs.get("target")))
+
+
+def _lane_layout(op: Op, kernel: Kernel, t: FragmentType):
+    """(rows, cols) of a fragment's lane table on the kernel's target, or an error message."""
+    target = _target(kernel)
+    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
+    if layout is None:
+        return (f"{op.name} needs the lane layout of {t} on the kernel's target "
+                f"{kernel.attrs.get('target')!r}, which declares none")
+    return layout
+
+
+def _frag_build(op: Op, kernel: Kernel) -> str | None:
     t = op.result.type
     if not isinstance(t, FragmentType):
         return "frag_build gives a fragment"
-    target = TARGETS.get(str(kernel.attrs.get("target")))
-    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
-    if layout is None:
-        return (f"frag_build needs the lane layout of {t} on the kernel's target "
-                f"{kernel.attrs.get('target')!r}, which declares none")
+    layout = _lane_layout(op, kernel, t)
+    if isinstance(layout, str):
+        return layout
     count = 0
     for v in op.operands:
         vt = v.type
@@ -81,16 +95,12 @@ def _async_wait(op: Op, _: Kernel) -> str | None:
 
 
 def _frag_elems(op: Op, kernel: Kernel) -> str | None:
-    from ..targets.base import TARGETS
-
     t = op.operands[0].type
     if not isinstance(t, FragmentType):
         return "frag_elems takes a fragment"
-    target = TARGETS.get(str(kernel.attrs.get("target")))
-    layout = target.lane_elements(t.role, t.rows, t.cols) if target else None
-    if layout is None:
-        return (f"frag_elems needs the lane layout of {t} on the kernel's target "
-                f"{kernel.attrs.get('target')!r}, which declares none")
+    layout = _lane_layout(op, kernel, t)
+    if isinstance(layout, str):
+        return layout
     want = VectorType(t.elem, int(layout[0].shape[1]))
     return None if op.result.type == want else f"frag_elems of {t} gives {want}, not {op.result.type}"
 
@@ -120,8 +130,6 @@ def _mma(op: Op, _: Kernel) -> str | None:
 
 
 def _mma_sp(op: Op, kernel: Kernel) -> str | None:
-    from ..targets.base import TARGETS
-
     a, b, c, meta = (v.type for v in op.operands)
     if not (isinstance(a, FragmentType) and isinstance(b, FragmentType) and isinstance(c, FragmentType)):
         return "mma_sp takes (a, b, c) fragments and a u32 metadata word"
@@ -138,7 +146,7 @@ def _mma_sp(op: Op, kernel: Kernel) -> str | None:
     selector = op.attrs.get("selector")
     if isinstance(selector, bool) or selector not in (0, 1):
         return f"mma_sp selector must be 0 or 1, got {selector!r}"
-    target = TARGETS.get(str(kernel.attrs.get("target")))
+    target = _target(kernel)
     shape = (a.rows, b.cols, b.rows)
     if target is None or target.sparse_mma != shape:
         have = target.sparse_mma if target is not None else None
@@ -148,12 +156,6 @@ def _mma_sp(op: Op, kernel: Kernel) -> str | None:
 
 
 # ----- the warpgroup MMA (wgmma) ----------------------------------------------------------------
-
-def _target(kernel: Kernel):
-    from ..targets.base import TARGETS
-
-    return TARGETS.get(str(kernel.attrs.get("target")))
-
 
 def _swizzled_array(op: Op, kernel: Kernel, attr: str, elem, target) -> str | None:
     """A shared array the warpgroup MMA reads in swizzled rows: of `elem`, aligned enough."""

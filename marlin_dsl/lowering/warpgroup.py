@@ -239,11 +239,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         for j, vector in enumerate(words):
             decoded: dict[tuple[int, int], Value] = {}
             for t in range(lay.tiles):
-                if params is not None:  # a step lies in one scale group
-                    p = params[0]
-                else:
-                    k = j * lay.dense_chunk + t * self.tile_k_dense
-                    p = self.row_params(0, self.op2("add", k_step0, k, hint="kt") if k else k_step0)
+                p = self.tile_params(params, k_step0, j, t)
                 for p_ in range(pairs_per_tile):
                     word, shift = lay.pair_slot(t * pairs_per_tile + p_)
                     w = b.value("extract", [vector[0]], U32, {"index": word}, hint="w")
@@ -263,6 +259,8 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         if key not in self._a_index:
             row = self.op2("add", self.warp_row, row_off, hint="ar") if row_off else self.warp_row
             col = self.op2("add", self.a_k0, start, hint="ac") if start else self.a_k0
+            # SwizzledRows.element as IR (as swizzled_element, emitted in the order the
+            # kernels checked on the H100 were printed with)
             chunk = self.op2("xor", self.op2("div", col, self.per_chunk, hint="ac"),
                              self.op2("rem", row, self.atom_rows, hint="ac"), hint="ac")
             idx = self.op2("add", self.op2("mul", row, self.row, hint="ai"),
@@ -278,13 +276,17 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         out = []
         for j, vector in enumerate(words):
             for t in range(self.layout.tiles):
-                if params is not None:
-                    p = params[0]
-                else:
-                    k = j * self.layout.dense_chunk + t * self.tile_k_dense
-                    p = self.row_params(0, self.op2("add", k_step0, k, hint="kt") if k else k_step0)
-                out.append(self.a_fragment(vector[0], t, p))
+                out.append(self.a_fragment(vector[0], t, self.tile_params(params, k_step0, j, t)))
         return out
+
+    def tile_params(self, params: list | None, k_step0: Value, vector: int, tile: int):
+        """The group parameters of K tile `tile` of the step's vector `vector`: the step's own
+        where it lies in one scale group (prefetched with its weights), else loaded for the
+        tile's first K position."""
+        if params is not None:
+            return params[0]
+        k = vector * self.layout.dense_chunk + tile * self.tile_k_dense
+        return self.row_params(0, self.op2("add", k_step0, k, hint="kt") if k else k_step0)
 
     def store_acc(self, acc: Value) -> None:
         """Each lane stores its own accumulator elements: row = N, column = M."""

@@ -107,12 +107,17 @@ class SwizzledStages(GemmParts):
         atom, c = (self.op2("div", c, pieces, hint="xa"), self.op2("rem", c, pieces, hint="xc")) \
             if self.atoms > 1 else (None, c)
         p = b.value("table", [c], U32, {"name": "x_pos"}, hint="xp")
-        swz = self.op2("xor", self.op2("div", p, self.per_chunk, hint="ch"),
-                       self.op2("rem", r, self.atom_rows, hint="ch"), hint="ch")
-        col = self.op2("add", self.op2("mul", swz, self.per_chunk, hint="xd"),
-                       self.op2("rem", p, self.per_chunk, hint="xd"), hint="xd")
-        idx = self.op2("add", self.op2("mul", r, self.row, hint="xd"), col, hint="xd")
+        idx = self.swizzled_element(r, p)
         return idx if atom is None else self.op2("add", idx, self.op2("mul", atom, self.atom_elems, hint="xd"), hint="xd")
+
+    def swizzled_element(self, r: Value, col: Value) -> Value:
+        """Element index (from an atom-aligned tile start) of logical (row r, column col) in
+        the target's swizzled rows: `SwizzledRows.element` as IR."""
+        swz = self.op2("xor", self.op2("div", col, self.per_chunk, hint="ch"),
+                       self.op2("rem", r, self.atom_rows, hint="ch"), hint="ch")
+        within = self.op2("add", self.op2("mul", swz, self.per_chunk, hint="xd"),
+                          self.op2("rem", col, self.per_chunk, hint="xd"), hint="xd")
+        return self.op2("add", self.op2("mul", r, self.row, hint="xd"), within, hint="xd")
 
     def issue_x(self, kv: Value) -> None:
         """Start the copies of step kv's activation tile into slot kv % stages, as one group

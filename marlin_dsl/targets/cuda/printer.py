@@ -42,47 +42,16 @@ from ..c_printer import CPrinter
 from .description import CUDA
 from .print_mma import MMA_EMITTERS, MmaEmitters
 from .print_wgmma import WGMMA_EMITTERS, WGMMA_OPS, WgmmaEmitters
+from .print_shared import DYNAMIC_SHARED_NAME, STATIC_SHARED_BYTES, dynamic_shared_bytes, shared_declarations
 from .print_types import PAIR, bits_table, comment_value, cuda_type, f32_bits, is_pair, literal, zero
 from .source import CUDA_SCALAR as _SCALAR
 from .source import MLX_DEFAULT_HEADER, CudaSource
 
-__all__ = ["CudaSource", "print_cuda", "cuda_type", "DIMS_NAME", "MLX_DEFAULT_HEADER", "prelude"]
+__all__ = ["CudaSource", "print_cuda", "cuda_type", "DIMS_NAME", "DYNAMIC_SHARED_NAME", "MLX_DEFAULT_HEADER",
+           "STATIC_SHARED_BYTES", "dynamic_shared_bytes", "prelude"]
 
 #: The name of the input holding the launch scalars (the Metal printer's convention).
 DIMS_NAME = "dims"
-
-#: Static `__shared__` arrays may take this much; a kernel needing more gets one dynamic block
-#: (MLX's cuda_kernel opts the function in to large dynamic shared memory above 48000 bytes).
-STATIC_SHARED_BYTES = 48 * 1024
-DYNAMIC_SHARED_NAME = "mdsl_smem"
-
-
-def shared_offsets(kernel: Kernel) -> list[int]:
-    """Byte offset of each shared array in the dynamic block (16-byte aligned, for vectors, or
-    the array's own alignment where it asks for more)."""
-    out, at = [], 0
-    for s in kernel.shared:
-        at = -(-at // s.align) * s.align
-        out.append(at)
-        at += -(-s.nbytes // 16) * 16
-    return out
-
-
-def shared_align(kernel: Kernel) -> int:
-    """The largest alignment a shared array asks for (16 at least)."""
-    return max([16, *(s.align for s in kernel.shared)])
-
-
-def dynamic_shared_bytes(kernel: Kernel) -> int:
-    """Dynamic shared memory a launch requests: 0 when the arrays fit statically. Arrays
-    aligned beyond 16 bytes always go in the dynamic block, whose start the kernel aligns at
-    run time (CUDA promises 16 bytes): the request includes that slack."""
-    align = shared_align(kernel)
-    if not kernel.shared or (kernel.shared_bytes <= STATIC_SHARED_BYTES and align <= 16):
-        return 0
-    last = kernel.shared[-1]
-    return shared_offsets(kernel)[-1] + -(-last.nbytes // 16) * 16 + (align - 16)
-
 
 _INDEX = {"tid": "threadIdx.x", "lane": "(threadIdx.x % 32u)", "warp": "(threadIdx.x / 32u)",
           "group_x": "blockIdx.x", "group_y": "blockIdx.y", "group_z": "blockIdx.z"}
@@ -470,19 +439,8 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
                                f"CUDA's is {CUDA.mma}")
         grid = ", ".join(str(d) for d in k.grid)
         self.emit(1, f"// {k.threads} threads per block, grid [{grid}] blocks")
-        if not dynamic_shared_bytes(k):
-            for s in k.shared:
-                self.emit(1, f"__shared__ __align__(16) {_SCALAR[s.elem.name]} {s.name}[{s.size}];")
-        else:  # over the static limit: one dynamic block (MLX opts in), carved at 16-byte offsets
-            self.emit(1, f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED_NAME}[];")
-            base, align = DYNAMIC_SHARED_NAME, shared_align(k)
-            if align > 16:  # the block's start aligned at run time (the launch asks for the slack)
-                base = f"{DYNAMIC_SHARED_NAME}_base"
-                self.emit(1, f"unsigned char* {base} = {DYNAMIC_SHARED_NAME} + (({align}u - (static_cast<uint32_t>("
-                             f"__cvta_generic_to_shared({DYNAMIC_SHARED_NAME})) & {align - 1}u)) & {align - 1}u);")
-            for s, offset in zip(k.shared, shared_offsets(k)):
-                t = _SCALAR[s.elem.name]
-                self.emit(1, f"{t}* {s.name} = reinterpret_cast<{t}*>({base} + {offset});")
+        for line in shared_declarations(k):
+            self.emit(1, line)
         for n in self.inout:
             t = _SCALAR[self.buffers[n].elem.name]
             self.emit(1, f"{t}* {self.access_name[n]} = const_cast<{t}*>({n});")

@@ -28,6 +28,7 @@ from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .description import CUDA
 from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel
+from .launch_precompiled import device_arch
 from .printer import print_cuda
 from .tuning import tuned_schedule
 
@@ -49,8 +50,6 @@ def device_has_warpgroup() -> bool:
     if want is None:
         return False
     try:
-        from .launch_precompiled import device_arch
-
         return device_arch() == want.rstrip("af")
     except Exception:  # noqa: BLE001 - no GPU, no CUDA backend: the plain schedules
         return False
