@@ -56,7 +56,7 @@ def corpus() -> Iterator[tuple[str, str]]:
                 for a_source in ("shared", "registers"):
                     try:
                         s = warpgroup_schedule(fmt, 2048, TARGETS["cuda"])
-                    except ScheduleError:  # 2:4 and block patterns: no warpgroup kernel
+                    except ScheduleError:  # block patterns: no warpgroup kernel
                         break
                     s = replace(s, name=f"{s.name}_{a_source}", pipeline=replace(s.pipeline, a_source=a_source))
                     yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],

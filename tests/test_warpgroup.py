@@ -6,6 +6,7 @@ errors, the schedules the CUDA tuning picks, the swizzled rows against the hardw
 tables of wgmma_layout.py, the printed CUDA and its sm_90a compile (nvcc)."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -27,6 +28,7 @@ from marlin_dsl.targets.cuda.printer import print_cuda
 from marlin_dsl.targets.cuda.tuning import WARPGROUP_MIN_M, tuned_schedule, warpgroup_schedule
 
 FORMATS = ("fp4", "int4", "uint4_zp", "nf4")
+SPARSE_FORMATS = ("fp4_2of4", "int4_2of4")  # the sparse wgmma (k32, A compressed, metadata)
 
 
 def wg_schedule(tile_m: int = 32, warps_n: int = 4, stages: int = 3, depth: int = 1,
@@ -36,13 +38,15 @@ def wg_schedule(tile_m: int = 32, warps_n: int = 4, stages: int = 3, depth: int 
 
 
 def compiled(fmt_name: str = "fp4", act: str = "f16", **kw) -> tuple[Gemm, Kernel]:
+    if fmt_name in SPARSE_FORMATS:
+        kw.setdefault("tile_k", 128)  # a 2:4 K vector: 64 stored weights, 128 activations
     gemm = Gemm(f"wg_{fmt_name}", md.builtin_format(fmt_name), wg_schedule(**kw), act)
     return gemm, compile_gemm(gemm, CUDA).kernel
 
 
 # ----- kernels in the interpreter ---------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt_name", FORMATS)
+@pytest.mark.parametrize("fmt_name", FORMATS + SPARSE_FORMATS)
 @pytest.mark.parametrize("act", ["f16", "bf16"])
 @pytest.mark.parametrize("a_source", ["shared", "registers"])
 def test_kernels_match_the_reference(fmt_name: str, act: str, a_source: str) -> None:
@@ -80,6 +84,36 @@ def test_two_vector_steps_in_both_a_sources() -> None:
         assert_matches(gemm, kernel, [(65, 72, 512), (3, 64, 256)])
     with pytest.raises(ScheduleError, match="cover whole steps"):  # nf4's groups of 64
         compiled("nf4", tile_k=128)
+
+
+def test_sparse_selectors_and_metadata_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the interpreter rebuilds each warp's dense A from its lanes' metadata words for the
+    # selector (Target.sparse_metadata): a lowering that gives a tile the other selector (the
+    # other lane pair's word) computes a different, wrong product
+    original = wg_lowering.WarpgroupLowering.wgmma
+
+    def swapped(self, operands, meta, tile, attrs):
+        return original(self, operands, meta, tile ^ 1, attrs)
+
+    monkeypatch.setattr(wg_lowering.WarpgroupLowering, "wgmma", swapped)
+    gemm, kernel = compiled("fp4_2of4")
+    with pytest.raises(AssertionError):
+        assert_matches(gemm, kernel, [(65, 136, 256)])
+
+
+def test_a_sparse_wgmma_left_in_flight_across_steps_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the H100 reads a sparse wgmma's metadata register when it executes; a loop step that
+    # lets its wgmmas run on (pending 1) rewrites that register under them
+    # (bench/results/issue15_h100_2026-11-25d/sparse_wgmma/run3_race_diagnosis.log)
+    def pending_one(self, name, operands=(), result_types=(), attrs=None, regions=None, hint="v"):
+        if name == "wgmma_wait" and not result_types and attrs == {"pending": 0}:
+            attrs = {"pending": 1}
+        return builder_op(self, name, operands, result_types, attrs, regions, hint)
+
+    builder_op = Builder.op
+    monkeypatch.setattr(Builder, "op", pending_one)
+    with pytest.raises(VerifyError, match="metadata register"):
+        compiled("fp4_2of4")
 
 
 def test_a_batch_of_wgmmas_stays_together_after_the_passes() -> None:
@@ -358,8 +392,10 @@ def test_schedule_errors(kw, words) -> None:
 
 
 def test_refused_formats_and_targets() -> None:
-    with pytest.raises(ScheduleError, match="2:4"):
-        compile_gemm(Gemm("x", md.builtin_format("fp4_2of4"), wg_schedule(tile_k=128)), CUDA)
+    with pytest.raises(ScheduleError, match="no sparse warpgroup MMA"):
+        replace(wg_schedule(tile_k=128)).check(md.builtin_format("fp4_2of4"), replace(CUDA, warpgroup_sparse_k=None))
+    with pytest.raises(ScheduleError, match="tile_k=128"):  # a 2:4 step is whole vectors of 128
+        compiled("fp4_2of4", tile_k=64)
     with pytest.raises(ScheduleError, match="warpgroup MMA"):
         compile_gemm(Gemm("x", md.builtin_format("fp4"), wg_schedule()), METAL)
     bad = replace(wg_schedule(), tile_n=128)
@@ -373,7 +409,9 @@ def test_tuned_schedules_on_hopper() -> None:
     assert tuned_schedule(fp4, WARPGROUP_MIN_M, CUDA, 4096, 4096, warpgroup=True).pipeline.kind != "warpgroup"
     assert tuned_schedule(fp4, 2048, CUDA, 4096, 4096).pipeline.kind == "multistage"  # no wgmma on the device
     two_four = md.builtin_format("fp4_2of4")
-    assert tuned_schedule(two_four, 2048, CUDA, 4096, 4096, warpgroup=True).pipeline.kind == "multistage"
+    sparse = tuned_schedule(two_four, 2048, CUDA, 4096, 4096, warpgroup=True)
+    assert sparse.pipeline.kind == "warpgroup" and sparse.tile_m == 128  # 256-row stages of 2:4 do not fit
+    assert tuned_schedule(two_four, 2048, CUDA, 4096, 4096).pipeline.kind == "multistage"
 
 
 # ----- the printed CUDA ---------------------------------------------------------------------------
@@ -396,12 +434,27 @@ def test_printed_cuda(a_source: str) -> None:
     assert waits and ("wait_group.sync.aligned 1" in " ".join(waits)) == (a_source == "shared")
 
 
+@pytest.mark.parametrize("a_source", ["shared", "registers"])
+def test_printed_sparse_wgmma(a_source: str) -> None:
+    _, kernel = compiled("fp4_2of4", tile_m=64, a_source=a_source)
+    body = print_cuda(kernel).body
+    spelled = [line for line in body.splitlines() if "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16" in line]
+    # four k32 instructions a step (one 128-activation vector), tile pairs sharing a metadata
+    # word with selectors 0 and 1 (an immediate after the word's operand)
+    assert len(spelled) == 4
+    selectors = [int(re.search(r", %\d+, (\d), p, 1, 1", line).group(1)) for line in spelled]
+    assert selectors == [0, 1, 0, 1]
+    waits = [line for line in body.splitlines() if "wgmma.wait_group.sync.aligned" in line]
+    assert "wait_group.sync.aligned 1" not in " ".join(waits)  # every step retires its own
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc (CUDA toolkit) to compile the printed text")
 def test_nvcc_compiles_for_sm_90a() -> None:
     sources = []
     for a_source in ("shared", "registers"):
         for act in ("f16", "bf16"):
-            _, kernel = compiled(tile_m=128, warps_n=8, a_source=a_source, act=act)
-            sources.append(replace(print_cuda(kernel), name=f"wg_{a_source}_{act}"))
+            for fmt_name in ("fp4", "fp4_2of4"):
+                _, kernel = compiled(fmt_name, tile_m=128, warps_n=8, a_source=a_source, act=act)
+                sources.append(replace(print_cuda(kernel), name=f"wg_{fmt_name}_{a_source}_{act}"))
     results = nvcc_check(sources, archs=["sm_90a"])
     assert all(r.ok for r in results), [r.log for r in results if not r.ok]

@@ -370,14 +370,17 @@ _define(
     # The warpgroup MMA (docs/IR.md, "Warpgroup MMA"). It names its shared memory `smem`, not
     # `buffer`, and the fence/commit/wait have none, so the dependence graph keeps them in
     # order against every memory op; all are collective, so fragment builds stay on their side.
-    OpDef("wgmma", (3, 3), ("smem",), ("smem_a",), results=(1, 1), reads_memory=True, collective=True,
-          rule=_wgmma,
+    OpDef("wgmma", (3, 4), ("smem",), ("smem_a", "selector"), results=(1, 1), reads_memory=True,
+          collective=True, rule=_wgmma,
           doc="start c + A @ B, issued by a warpgroup: a is this warp's rows of A (a fragment), or with "
               "`smem_a` the element offset of the warpgroup's A tile in shared @smem_a (m rows of k, "
               "the target's swizzled rows; warp w's rows m/4 w ..); B (k x n) is read from shared "
               "@smem at element offset b as the target's swizzled rows (one row per column of B); c "
               "is this warp's rows of the accumulator. The result is in flight until a wgmma_wait "
-              "retires it: only a wgmma, a wgmma_fence, a yield and a wgmma_wait may take it"),
+              "retires it: only a wgmma, a wgmma_fence, a yield and a wgmma_wait may take it. With a 4th "
+              "operand meta (u32) and `selector`: the 2:4 sparse form (k = the target's "
+              "warpgroup_sparse_k; A given compressed, k/2 columns, located by each warp's "
+              "metadata words as in mma_sp)"),
     OpDef("wgmma_fence", (0, None), writes_memory=True, collective=True, rule=_wgmma_fence, schedule_fence=True,
           doc="order earlier register writes of the operand fragments before the wgmmas that follow "
               "(needed before each batch of wgmmas)"),

@@ -172,13 +172,25 @@ def _swizzled_array(op: Op, kernel: Kernel, attr: str, elem, target) -> str | No
 
 
 def _wgmma(op: Op, kernel: Kernel) -> str | None:
-    a, off, c = (v.type for v in op.operands)
+    a, off, c = (v.type for v in op.operands[:3])
     target = _target(kernel)
     wg = target.warpgroup_mma if target is not None else None
     if wg is None or target is None or target.warpgroup_b_layout is None:
         return (f"wgmma needs a target with a warpgroup MMA; the kernel's target "
                 f"{kernel.attrs.get('target')!r} has none")
     _, max_n, k = wg
+    sparse = len(op.operands) == 4
+    if sparse != ("selector" in op.attrs):
+        return "a sparse wgmma takes both a metadata operand (4th) and a selector; a dense one neither"
+    if sparse:
+        if target.warpgroup_sparse_k is None or target.sparse_metadata(0) is None:
+            return f"sparse wgmma needs a target with the sparse warpgroup MMA; {target.name} has none"
+        if op.operands[3].type != U32:
+            return f"sparse wgmma metadata must be u32 (each lane's own word), got {op.operands[3].type}"
+        selector = op.attrs["selector"]
+        if isinstance(selector, bool) or selector not in (0, 1):
+            return f"sparse wgmma selector must be 0 or 1, got {selector!r}"
+        k = target.warpgroup_sparse_k // 2  # A's compressed columns
     if not (isinstance(c, FragmentType) and c.role == "c" and c.elem == F32 and c.rows == target.mma_m
             and 8 <= c.cols <= max_n and c.cols % 8 == 0):
         return f"wgmma c is this warp's frag<c, f32, {target.mma_m}xN>, N a multiple of 8 up to {max_n}, got {c}"
@@ -196,7 +208,8 @@ def _wgmma(op: Op, kernel: Kernel) -> str | None:
             return err
     elif not (isinstance(a, FragmentType) and a.role == "a" and (a.rows, a.cols) == (target.mma_m, k)
               and a.elem in (F16, BF16)):
-        return f"wgmma a is this warp's frag<a, f16|bf16, {target.mma_m}x{k}> (or smem_a's offset), got {a}"
+        return (f"wgmma a is this warp's frag<a, f16|bf16, {target.mma_m}x{k}> (or smem_a's offset)"
+                f"{' (compressed: 2:4)' if sparse else ''}, got {a}")
     else:
         b_elem = a.elem
     err = _swizzled_array(op, kernel, "smem", b_elem, target)
@@ -237,9 +250,10 @@ def _wgmma_wait(op: Op, _: Kernel) -> str | None:
     n = op.attrs["pending"]
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 7:
         return f"wgmma_wait pending must be an integer 0..7, got {n!r}"
-    bad = [str(v.type) for v in op.operands if not isinstance(v.type, FragmentType)]
+    bad = [str(v.type) for v in op.operands if not isinstance(v.type, FragmentType) and v.type != U32]
     if bad:
-        return f"wgmma_wait takes fragments (an accumulator, a operands it keeps alive), got {bad}"
+        return (f"wgmma_wait takes fragments (an accumulator, a operands it keeps alive) and u32 "
+                f"metadata words it keeps alive, got {bad}")
     if not op.results:
         return None  # retires groups only
     if n != 0:
@@ -271,14 +285,36 @@ def _in_flight(ops: list[Op]) -> set[int]:
     return pending
 
 
+def _sparse_retired_in_block(ops: list[Op]) -> str | None:
+    """A sparse wgmma reads its metadata register when it executes, which may be after later
+    instructions of its warp ran (seen on the H100: a warp that rewrote the register for the
+    next loop step while its wgmmas were queued got its rows wrong). SSA values never change,
+    but a loop carries them in the same registers every step, so the rule is structural: in
+    the block holding a sparse wgmma, a wgmma_wait with pending 0 follows it."""
+    for o in ops:
+        for region in o.regions:
+            block = region.ops
+            for i, op in enumerate(block):
+                if op.name != "wgmma" or len(op.operands) != 4:
+                    continue
+                if not any(w.name == "wgmma_wait" and w.attrs.get("pending") == 0 for w in block[i + 1:]):
+                    return (f"sparse wgmma -> %{op.result.name} is not retired (wgmma_wait pending 0) "
+                            "in its block: the hardware reads its metadata register when it executes, "
+                            "and the next loop step rewrites that register")
+    return None
+
+
 def warpgroup_chains(ops: list[Op]) -> str | None:
     """The rules that make a wgmma's asynchrony explicit in SSA form, over all ops of a kernel:
     a value that may hold a wgmma's result still in flight (`_in_flight`) is taken only as the
     accumulator of a wgmma or of a wgmma_wait, by a wgmma_fence, or carried by a loop (its
     registers are undefined until a wait retires it); and a wait returning an accumulator keeps
-    every register a operand of the chain of wgmmas it ends alive (the hardware reads them
-    until it completes)."""
+    every register a operand and sparse metadata word of the chain of wgmmas it ends alive
+    (the hardware may read them until it completes)."""
     producer = {id(r): o for o in ops for r in o.results}
+    message = _sparse_retired_in_block(ops)
+    if message:
+        return message
     pending = _in_flight(ops)
     for o in ops:
         for i, v in enumerate(o.operands):
@@ -294,9 +330,11 @@ def warpgroup_chains(ops: list[Op]) -> str | None:
         kept = {id(v) for v in o.operands[1:]}
         src = producer.get(id(o.operands[0]))
         while src is not None and src.name == "wgmma":
-            a = src.operands[0]
-            if "smem_a" not in src.attrs and id(a) not in kept:
-                return (f"wgmma_wait -> %{o.result.name} does not keep %{a.name} alive, "
-                        f"the a operand of the wgmma giving %{src.result.name}")
+            regs = [v for v in (src.operands[0] if "smem_a" not in src.attrs else None,
+                                src.operands[3] if len(src.operands) == 4 else None) if v is not None]
+            for v in regs:
+                if id(v) not in kept:
+                    return (f"wgmma_wait -> %{o.result.name} does not keep %{v.name} alive, "
+                            f"the register operand of the wgmma giving %{src.result.name}")
             src = producer.get(id(src.operands[2]))
     return None

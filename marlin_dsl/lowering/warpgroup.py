@@ -55,14 +55,19 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         self.init_stream()
         p, s, target = self.pipeline, self.s, self.target
         self.n_stages, self.depth = p.stages, p.depth
-        _, _, self.wg_k = target.warpgroup_mma  # type: ignore[misc]
+        #: dense K per instruction (B's rows) and A's columns per instruction (half of it for
+        #: 2:4, whose A is given compressed with each warp's metadata words)
+        self.wg_k = int(target.warpgroup_sparse_k if self.sparse else target.warpgroup_mma[2])  # type: ignore[index]
+        self.a_k = self.wg_k // 2 if self.sparse else self.wg_k
         shared_a = p.a_source == "shared"
         self.init_swizzled(original_order=shared_a)
         self.b_layout = target.warpgroup_b_layout
         self.x_stage = self.atoms * self.atom_elems  # elements: whole swizzle atoms (tile_m % 8 == 0)
+        #: K vectors per step (one swizzled row of stored weights each: layout.chunk == row)
+        self.vectors = s.tile_k // self.layout.dense_chunk
         #: decoded weights of one step: one atom (tile_n rows of one K vector) per vector
         self.a_atom = s.tile_n * self.row
-        self.a_stage = self.atoms * self.a_atom
+        self.a_stage = self.vectors * self.a_atom
         self._a_index: dict[tuple[int, int], Value] = {}
         self.frag_acc = FragmentType("c", F32, target.mma_m, s.tile_m)
         c_rows, c_cols = target.lane_elements("c", target.mma_m, s.tile_m)  # type: ignore[misc]
@@ -73,8 +78,8 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
 
     def lower(self) -> Kernel:
         self.stream_setup(("lane", "warp", "tid"), "wm", "wt", clamp=False)
-        self.setup_fetch(self.atoms)
-        self.steps = self.KS  # K steps (of `atoms` vectors each)
+        self.setup_fetch(self.vectors)
+        self.steps = self.KS  # K steps (of `vectors` vectors each)
         self.setup_copies()
         if self.pipeline.a_source == "shared":
             mm = self.target.mma_m
@@ -109,32 +114,31 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         for step in range(stages - 1):  # prologue: the first stages-1 tiles in flight
             self.issue_x(self.c(step))
         fetched = [self.fetch(self.c(d)) for d in range(depth + 1)]
-        first = self.decode(self.c(0), fetched[0])
+        first, meta = self.decode(self.c(0), fetched[0])
         ahead = [v for f in fetched[1:] for v in f]
         per_set = len(fetched[0])
         acc = b.value("frag_zero", [], self.frag_acc, hint="acc")
 
         def body(kv: Value, groups: list[list[Value]]) -> list[Value]:
-            a_cur, carried, (acc_in,) = groups
+            a_cur, meta_cur, carried, (acc_in,) = groups
             self.step_ready(stages - 2)
             slot = self.op2("rem", kv, stages, hint="slot")
             b.op("wgmma_fence", [*a_cur, acc_in])
             acc_v = acc_in
             for t, a in enumerate(a_cur):
-                acc_v = b.value("wgmma", [a, self.b_offset(slot, t), acc_v], self.frag_acc,
-                                {"smem": "x_s"}, hint="acc")
+                acc_v = self.wgmma([a, self.b_offset(slot, t), acc_v], meta_cur, t, {})
             b.op("wgmma_commit")
             # Wait at once: ptxas serialises the wgmmas of a batch when any register they read
             # is written before the wait, and after their issue the a registers are dead to it
             # (free to reuse). The next step's copies, loads and decode follow; the tensor cores
             # meanwhile run the other warpgroups' batches.
-            done = b.value("wgmma_wait", [acc_v, *a_cur], self.frag_acc, {"pending": 0}, hint="acc")
+            done = b.value("wgmma_wait", [acc_v, *a_cur, *meta_cur], self.frag_acc, {"pending": 0}, hint="acc")
             self.issue_x(self.op2("add", kv, stages - 1, hint="nx"))
             new = self.fetch(self.op2("add", kv, depth + 1, hint="nx"))
-            a_next = self.decode(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
-            return [*a_next, *carried[per_set:], *new, done]
+            a_next, meta_next = self.decode(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
+            return [*a_next, *meta_next, *carried[per_set:], *new, done]
 
-        results = self.carried_for(0, self.steps, 1, [("fa", first), ("pf", ahead), ("acc", [acc])],
+        results = self.carried_for(0, self.steps, 1, [("fa", first), ("sm", meta), ("pf", ahead), ("acc", [acc])],
                                    body, iv_hint="kv", hint="fin")
         return results[-1]
 
@@ -148,34 +152,49 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         for step in range(stages - 2):  # prologue: the first stages-2 tiles in flight
             self.issue_x(self.c(step))
         fetched = [self.fetch(self.c(d)) for d in range(depth + 1)]
-        self.store_a(self.c(0), fetched[0])
+        meta = self.store_a(self.c(0), fetched[0])
         ahead = [v for f in fetched[1:] for v in f]
         per_set = len(fetched[0])
         acc = b.value("frag_zero", [], self.frag_acc, hint="acc")
 
         def body(kv: Value, groups: list[list[Value]]) -> list[Value]:
-            carried, (acc_in,) = groups
+            carried, meta_cur, (acc_in,) = groups
             self.step_ready(stages - 3)  # step kv's activations and decoded weights are in place
             self.issue_x(self.op2("add", kv, stages - 2, hint="nx"))  # into step kv-2's slot
             slot = self.op2("rem", kv, stages, hint="slot")
             a_base = self.a_offset(kv)
             b.op("wgmma_fence", [acc_in])
             acc_v = acc_in
-            for t in range(self.layout.tiles * self.atoms):  # K tiles of every vector of the step
-                atom, col = divmod(t * self.wg_k, self.row)
+            for t in range(self.layout.tiles * self.vectors):  # K tiles of every vector of the step
+                atom, col = divmod(t * self.a_k, self.row)
                 off = atom * self.a_atom + col
                 a_off = self.op2("add", a_base, off, hint="ab") if off else a_base
-                acc_v = b.value("wgmma", [a_off, self.b_offset(slot, t), acc_v], self.frag_acc,
-                                {"smem": "x_s", "smem_a": "a_s"}, hint="acc")
+                acc_v = self.wgmma([a_off, self.b_offset(slot, t), acc_v], meta_cur, t, {"smem_a": "a_s"})
             b.op("wgmma_commit")
-            b.op("wgmma_wait", attrs={"pending": 1})  # step kv-1's wgmmas are done (this warp)
+            # Dense: step kv-1's wgmmas are done (this warp), step kv's run on. 2:4: step kv's
+            # are done too. A sparse wgmma reads its metadata register when it executes, not
+            # when issued (seen on the H100: a warp that rewrote the register for its next step
+            # while its wgmmas were still queued got those 16 rows wrong), and a rolled loop
+            # rewrites that register every step; the verifier holds sparse wgmmas to this.
+            b.op("wgmma_wait", attrs={"pending": 0 if self.sparse else 1})
             new = self.fetch(self.op2("add", kv, depth + 1, hint="nx"))
-            self.store_a(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
-            return [*carried[per_set:], *new, acc_v]
+            meta_next = self.store_a(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
+            return [*carried[per_set:], *new, *meta_next, acc_v]
 
-        results = self.carried_for(0, self.steps, 1, [("pf", ahead), ("acc", [acc])], body,
-                                   iv_hint="kv", hint="fin")
+        results = self.carried_for(0, self.steps, 1, [("pf", ahead), ("sm", meta), ("acc", [acc])],
+                                   body, iv_hint="kv", hint="fin")
         return b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")
+
+    def wgmma(self, operands: list[Value], meta: list[Value], tile: int, attrs: dict) -> Value:
+        """One wgmma of the step's K tile `tile` (of all its vectors): dense, or 2:4 with the
+        metadata word of the tile's pair (`meta`: the step's words, `meta_words`) and the
+        tile's parity as the selector (tile pairs share a word, as the weight layout packs them)."""
+        attrs = {"smem": "x_s", **attrs}
+        if self.sparse:
+            vector, t = divmod(tile, self.layout.tiles)
+            operands = [*operands, meta[vector * self.layout.meta_words + t // 2]]
+            attrs["selector"] = t % 2
+        return self.b.value("wgmma", operands, self.frag_acc, attrs, hint="acc")
 
     def step_ready(self, pending: int) -> None:
         """Wait for this thread's copies of the step, make them and its stores of decoded
@@ -198,9 +217,9 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         table here). Per row offset, the lane's deltas are grouped into aligned runs of
         `a_run` consecutive elements (16 bytes where the bases allow), one store each."""
         lay, target = self.layout, self.target
-        a_rows, a_cols = target.lane_elements("a", target.mma_m, self.wg_k)  # type: ignore[misc]
+        a_rows, a_cols = target.lane_elements("a", target.mma_m, self.a_k)  # type: ignore[misc]
         tiles = lay.tiles
-        mma_k = np.arange(tiles)[:, None, None] * self.tile_k_dense + a_cols[None]  # [t, lane, e]
+        mma_k = np.arange(tiles)[:, None, None] * lay.tile_cols + a_cols[None]  # [t, lane, e]
         orig = mma_k if lay.k_perm is None else np.asarray(lay.k_perm)[mma_k]
         table = orig.transpose(1, 0, 2).reshape(a_cols.shape[0], -1)  # [lane, (t, e)]
         base, delta = lane_base_and_offsets(table, "A K position")
@@ -228,11 +247,12 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
                 chunk = items[i:i + run // 2]
                 self.a_runs.append((row_off, chunk[0][0], [(t, p_) for _, t, p_ in chunk]))
 
-    def store_a(self, kv: Value, fetched: list[Value]) -> None:
+    def store_a(self, kv: Value, fetched: list[Value]) -> list[Value]:
         """Decode step kv's weights and store them in A buffer kv % 3 (`a_store_plan`): K
-        vector j of the step in atom j."""
+        vector j of the step in atom j. Returns the step's metadata words (`meta_words`: the
+        wgmmas read them from registers)."""
         b, lay = self.b, self.layout
-        words, _, params = self.unpack_fetched(fetched)
+        words, meta, params = self.unpack_fetched(fetched)
         k_step0 = self.op2("mul", kv, self.s.tile_k, hint="kb")
         base = self.op2("mul", self.op2("rem", kv, A_BUFFERS, hint="abuf"), self.a_stage, hint="ab")
         pairs_per_tile = lay.per_lane // 2
@@ -251,6 +271,16 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
                     b.value("vec", parts, VectorType(self.act, 2 * len(parts)), hint="a4")
                 idx = self.op2("add", atom, self.a_run_index(row_off, start), hint="ai")
                 b.op("vstore", [idx, value], attrs={"buffer": "a_s", "size": 2 * len(parts)})
+        return self.meta_words(meta)
+
+    def meta_words(self, meta: list[list[Value]]) -> list[Value]:
+        """The step's metadata words (2:4), flat: [vector][tile pair] as u32 values, which the
+        wgmmas read and the waits keep alive; [] for dense formats."""
+        if not self.sparse:
+            return []
+        per = self.layout.meta_words
+        return [vec[0] if per == 1 else self.b.value("extract", [vec[0]], U32, {"index": i}, hint="mw")
+                for vec in meta for i in range(per)]
 
     def a_run_index(self, row_off: int, start: int) -> Value:
         """Element index (within an A buffer) of this lane's run at row offset `row_off` and
@@ -269,15 +299,16 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
             self._a_index[key] = idx
         return self._a_index[key]
 
-    def decode(self, kv: Value, fetched: list[Value]) -> list[Value]:
-        """Step kv's A fragments (one per K tile of each of its vectors), in K order."""
-        words, _, params = self.unpack_fetched(fetched)
+    def decode(self, kv: Value, fetched: list[Value]) -> tuple[list[Value], list[Value]]:
+        """Step kv's A fragments (one per K tile of each of its vectors), in K order, and its
+        metadata words (`meta_words`)."""
+        words, meta, params = self.unpack_fetched(fetched)
         k_step0 = self.op2("mul", kv, self.s.tile_k, hint="kb")
         out = []
         for j, vector in enumerate(words):
             for t in range(self.layout.tiles):
                 out.append(self.a_fragment(vector[0], t, self.tile_params(params, k_step0, j, t)))
-        return out
+        return out, self.meta_words(meta)
 
     def tile_params(self, params: list | None, k_step0: Value, vector: int, tile: int):
         """The group parameters of K tile `tile` of the step's vector `vector`: the step's own

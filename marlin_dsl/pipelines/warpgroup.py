@@ -70,10 +70,12 @@ class Warpgroup:
                                 f"which {target.name} does not have", where)
         check_stream(schedule, self.kind, fmt, target, vectors=True)
         layout = stream_layout(fmt, target, where)
-        if layout.sparse:
-            raise ScheduleError(f"schedule {name!r}: the warpgroup pipeline does not take 2:4 "
-                                f"formats yet ({fmt.name!r}); use multistage", where)
         _, max_n, k = wg
+        if layout.sparse:
+            if target.warpgroup_sparse_k is None:
+                raise ScheduleError(f"schedule {name!r}: {target.name} has no sparse warpgroup MMA "
+                                    f"for the 2:4 format {fmt.name!r}; use multistage", where)
+            k = target.warpgroup_sparse_k // 2  # A's compressed columns per instruction
         if layout.tile_cols != k or layout.tile_rows != target.mma_m:
             raise ScheduleError(f"schedule {name!r}: the weight layout's A tiles are "
                                 f"{layout.tile_rows}x{layout.tile_cols}, the warpgroup MMA's "
@@ -90,10 +92,10 @@ class Warpgroup:
                                 f"of 8 up to {max_n}, got {schedule.tile_m}", where)
         elem_bytes = 2
         row = target.warpgroup_b_layout.row_bytes // elem_bytes
-        if layout.dense_chunk != row:
-            raise ScheduleError(f"schedule {name!r}: a K step of {layout.dense_chunk} positions "
+        if layout.chunk != row:
+            raise ScheduleError(f"schedule {name!r}: a K vector of {layout.chunk} stored weights "
                                 f"does not fill one {target.warpgroup_b_layout.row_bytes}-byte "
-                                f"swizzled row ({row} activations)", where)
+                                f"swizzled row ({row} elements)", where)
 
 
 __all__ = ["Warpgroup"]

@@ -99,6 +99,9 @@ class Target:
     #: its mma_m rows x n columns, whose lane table is `lane_elements("c", mma_m, n)`), or None
     warpgroup_mma: tuple[int, int, int] | None = None
     warpgroup_warps: int = 4
+    #: dense K of the 2:4 sparse warpgroup MMA (A given compressed, k / 2 columns, located by
+    #: each warp's metadata words exactly as the sparse MMA's, `sparse_metadata`), or None
+    warpgroup_sparse_k: int | None = None
     #: the shared-memory layout the warpgroup MMA reads B in: rows of `row_bytes` (one K tile
     #: of `row_bytes` / element size elements per B column), atoms of `atom_rows` rows, the
     #: 16-byte chunk c of row r stored at chunk c ^ (r % atom_rows); tiles aligned to

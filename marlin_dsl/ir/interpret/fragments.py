@@ -170,51 +170,69 @@ def _h_mma(m: _Machine, op: Op) -> Fn:
     return run
 
 
+class SparseA:
+    """The decompression of a 2:4 sparse MMA's A per warp (mma_sp, and the sparse wgmma whose
+    warps each take the same A and metadata): compressed values (rows x 2 groups) and the
+    metadata words of the lanes that the target's table names for the selector -> the dense
+    rows x 4 groups, with unordered indices refused (undefined on the hardware)."""
+
+    def __init__(self, m: _Machine, op: Op, selector: int, nrows: int, ngroups: int) -> None:
+        from ...targets.base import TARGETS
+
+        fields = TARGETS[str(m.kernel.attrs["target"])].sparse_metadata(selector)
+        assert fields is not None  # the verifier checked the target's sparse MMA
+        self.lanes, bits, self.rows, self.groups, self.slots = fields
+        if int(self.lanes.max()) >= m.ws:
+            raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: the metadata layout is for "
+                                   f"32 lanes, warps have {m.ws}", kind="unsupported", op=op)
+        self.m, self.op, self.selector = m, op, selector
+        self.nrows, self.ngroups = nrows, ngroups
+        self.shifts = bits.astype(np.uint32)
+        # which lane holds the fields of (row, group), for messages
+        self.lane_of = np.zeros((nrows, ngroups), np.int64)
+        self.lane_of[self.rows, self.groups] = self.lanes
+
+    def dense(self, values: np.ndarray, words: np.ndarray, gi: np.ndarray, wi: np.ndarray) -> np.ndarray:
+        """values [n, rows, 2 * groups] (compressed, float64) and words [G, W, lanes] for the
+        warps (gi, wi) -> the dense A [n, rows, 4 * groups]."""
+        m, nrows, ngroups = self.m, self.nrows, self.ngroups
+        w = words[gi, wi]  # [n, lanes]
+        idx = (w[:, self.lanes] >> self.shifts) & _U32(3)  # [n, fields]
+        pos = np.zeros((len(gi), nrows, ngroups, 2), np.int64)
+        pos[:, self.rows, self.groups, self.slots] = idx
+        unordered = pos[..., 0] >= pos[..., 1]
+        if unordered.any():
+            p, row, grp = (int(v) for v in np.argwhere(unordered)[0])
+            lane = int(self.lane_of[row, grp])
+            word = int(w[p, lane])
+            m.fail("metadata", self.op, f"sparse metadata not ordered: row {row} group {grp} (logical "
+                   f"columns {4 * grp}..{4 * grp + 3}) keeps indices {pos[p, row, grp].tolist()}, "
+                   f"which must be distinct and increasing (undefined on the hardware); read from "
+                   f"lane {lane}'s word {word:#010x} with selector {self.selector}",
+                   int(gi[p]), int(wi[p]) * m.ws + lane, index=word)
+        x = values.reshape(len(gi), nrows, ngroups, 2)
+        dense = np.zeros((len(gi), nrows, ngroups, 4), np.float64)
+        np.put_along_axis(dense, pos, x, axis=-1)
+        return dense.reshape(len(gi), nrows, 4 * ngroups)
+
+
 def _h_mma_sp(m: _Machine, op: Op) -> Fn:
     """c + A @ b with A (rows x 2*cols) rebuilt per warp from the compressed a and the metadata
-    words of the lanes that the target's table names for the selector."""
-    from ...targets.base import TARGETS
-
+    words (`SparseA`)."""
     a, b, c, e = (m.slot(v) for v in op.operands)
     r = m.slot(op.result)
     regs = m.regs
     t = op.result.type
     ta = op.operands[0].type
     assert isinstance(t, FragmentType) and isinstance(ta, FragmentType)
-    selector = int(op.attrs["selector"])  # type: ignore[arg-type]
-    fields = TARGETS[str(m.kernel.attrs["target"])].sparse_metadata(selector)
-    assert fields is not None  # the verifier checked the target's sparse MMA
-    lanes, bits, rows, groups, slots = fields
-    if int(lanes.max()) >= m.ws:
-        raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: the metadata layout is for "
-                               f"32 lanes, warps have {m.ws}", kind="unsupported", op=op)
+    sparse = SparseA(m, op, int(op.attrs["selector"]), ta.rows, ta.cols // 2)  # type: ignore[arg-type]
     G, W, ws = m.G, m.W, m.ws
-    nrows, ngroups = ta.rows, ta.cols // 2
-    shifts = bits.astype(np.uint32)
-    # which lane holds the fields of (row, group), for messages
-    lane_of = np.zeros((nrows, ngroups), np.int64)
-    lane_of[rows, groups] = lanes
 
     def run(mask: _Mask) -> None:
         warps = _warps(m, op, mask)
-        words = regs[e].reshape(G, W, ws)
-        idx = (words[:, :, lanes] >> shifts) & _U32(3)  # [G, W, fields]
-        pos = np.zeros((G, W, nrows, ngroups, 2), np.int64)
-        pos[:, :, rows, groups, slots] = idx
-        unordered = (pos[..., 0] >= pos[..., 1]) & warps[:, :, None, None]
-        if unordered.any():
-            g, w, row, grp = (int(v) for v in np.argwhere(unordered)[0])
-            lane = int(lane_of[row, grp])
-            word = int(words[g, w, lane])
-            m.fail("metadata", op, f"sparse metadata not ordered: row {row} group {grp} (logical "
-                   f"columns {4 * grp}..{4 * grp + 3}) keeps indices {pos[g, w, row, grp].tolist()}, "
-                   f"which must be distinct and increasing (undefined on the hardware); read from "
-                   f"lane {lane}'s word {word:#010x} with selector {selector}",
-                   g, w * ws + lane, index=word)
-        x = regs[a].astype(np.float64).reshape(G, W, nrows, ngroups, 2)
-        dense = np.zeros((G, W, nrows, ngroups, 4), np.float64)
-        np.put_along_axis(dense, pos, x, axis=-1)  # inactive warps: don't-care values
-        dense = dense.reshape(G, W, nrows, 4 * ngroups)
+        gi, wi = np.nonzero(warps)
+        dense = np.zeros((G, W, ta.rows, 2 * ta.cols), np.float64)  # inactive warps: don't-care values
+        dense[gi, wi] = sparse.dense(regs[a][gi, wi].astype(np.float64), regs[e].reshape(G, W, ws), gi, wi)
         acc = np.matmul(dense, regs[b].astype(np.float64)) + regs[c].astype(np.float64)
         regs[r] = _round_f64(acc, t.elem)
     return run

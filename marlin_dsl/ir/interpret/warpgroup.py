@@ -23,6 +23,7 @@ import numpy as np
 from ..core import Op
 from ..numerics import _round_f64
 from ..types import FragmentType
+from .fragments import SparseA
 from .machine import Fn, InterpreterError, _Machine, _Mask, _warp_uniform, _warps
 
 
@@ -58,15 +59,21 @@ def _warpgroups(m: _Machine, op: Op, warps: np.ndarray) -> int:
 def _h_wgmma(m: _Machine, op: Op) -> Fn:
     target = _target(m)
     layout = target.warpgroup_b_layout
-    a, oa, c = (m.slot(v) for v in op.operands)
+    a, oa, c = (m.slot(v) for v in op.operands[:3])
     r = m.slot(op.result)
     regs = m.regs
     tc = op.result.type
     assert isinstance(tc, FragmentType) and layout is not None and target.warpgroup_mma is not None
     k, n = target.warpgroup_mma[2], tc.cols
+    sparse = None
+    if len(op.operands) == 4:  # 2:4: A compressed to k/2 columns, each warp's own metadata
+        k = int(target.warpgroup_sparse_k)  # type: ignore[arg-type]
+        sparse = SparseA(m, op, int(op.attrs["selector"]), tc.rows, k // 4)  # type: ignore[arg-type]
+        e = m.slot(op.operands[3])
+    a_k = k // 2 if sparse is not None else k
     b_tile = _SwizzledTile(m, op, str(op.attrs["smem"]), layout, n, k)
     # A from shared memory: warp w of its warpgroup reads rows (w % warps) * mma_m .. of the tile
-    a_tile = _SwizzledTile(m, op, str(op.attrs["smem_a"]), layout, tc.rows, k) if "smem_a" in op.attrs else None
+    a_tile = _SwizzledTile(m, op, str(op.attrs["smem_a"]), layout, tc.rows, a_k) if "smem_a" in op.attrs else None
     per = target.warpgroup_warps
     op_id = m.register_op(op)
 
@@ -91,6 +98,8 @@ def _h_wgmma(m: _Machine, op: Op) -> Fn:
             flats = [b_flat, a_flat]
         else:
             av, flats = regs[a][gi, wi].astype(np.float64), [b_flat]
+        if sparse is not None:  # the metadata is read at issue (PTX keeps only a and d in flight)
+            av = sparse.dense(av, regs[e].reshape(m.G, m.W, m.ws), gi, wi)
         prod = np.matmul(av, np.swapaxes(bt, 1, 2))
         out = regs[c].copy() if regs[c] is not None else np.zeros((m.G, m.W, tc.rows, n), np.float32)
         out[gi, wi] = _round_f64(prod + regs[c][gi, wi].astype(np.float64), tc.elem)

@@ -52,20 +52,21 @@ class SwizzledStages(GemmParts):
         self.per_chunk = layout.chunk_bytes // elem_bytes
         self.atom_rows = layout.atom_rows
         chunk = self.layout.dense_chunk
-        if chunk != self.row:
-            raise CompileError(f"warpgroup: a K vector of {chunk} does not fill one swizzled row of {self.row}")
-        #: K vectors per step: a step's tile is `atoms` tiles of one swizzled row per M row,
-        #: atom j (K vector j of the step) at j * atom_elems
-        self.atoms = self.s.tile_k // chunk
+        if chunk % self.row or (chunk != self.row and self.layout.k_perm is not None):
+            raise CompileError(f"warpgroup: a K vector of {chunk} is not a whole number of swizzled "
+                               f"rows of {self.row} in its own K order")
+        #: a step's tile is `atoms` tiles of one swizzled row (`row` K positions) per M row,
+        #: atom j (K positions row j .. row j + row - 1 of the step) at j * atom_elems
+        self.atoms = self.s.tile_k // self.row
         self.atom_elems = self.s.tile_m * self.row
-        self.x_pos = k_positions(None if original_order else self.layout.k_perm, chunk)
+        self.x_pos = k_positions(None if original_order else self.layout.k_perm, self.row)
         granule_k = self.fmt.k_granule & -self.fmt.k_granule  # K is a multiple of this
         widest = max(1, min(self.target.async_copy_bytes // elem_bytes, granule_k, self.per_chunk))
         self.granule = copy_granule(self.x_pos, widest)
         if self.granule * elem_bytes < 4:
             raise CompileError(f"warpgroup: format {self.fmt.name!r} keeps no 4-byte run of K together "
                                "(asynchronous copies move 4, 8 or 16 bytes)")
-        self.per_row = self.atoms * chunk // self.granule  # copy pieces of one M row of a step
+        self.per_row = self.atoms * self.row // self.granule  # copy pieces of one M row of a step
 
     def swizzled_tables(self) -> list[ConstTable]:
         """x_pos[c]: the MMA position of the step's copy piece c (original offset c * granule)."""
@@ -99,11 +100,11 @@ class SwizzledStages(GemmParts):
         self.x_full = self.op2("and", rows_in, whole_k, hint="full")
 
     def swizzled_index(self, r: Value, c: Value) -> Value:
-        """Element index (within a stage) of copy piece c of row r: piece c lies in K vector
-        j = c / pieces (atom j), where chunk p / per_chunk of row r, for position
-        p = x_pos[c % pieces], is stored at chunk (p / per_chunk) ^ (r % atom_rows)."""
+        """Element index (within a stage) of copy piece c of row r: piece c lies in atom
+        j = c / pieces, where chunk p / per_chunk of row r, for position p = x_pos[c % pieces],
+        is stored at chunk (p / per_chunk) ^ (r % atom_rows)."""
         b = self.b
-        pieces = self.layout.dense_chunk // self.granule
+        pieces = self.row // self.granule
         atom, c = (self.op2("div", c, pieces, hint="xa"), self.op2("rem", c, pieces, hint="xc")) \
             if self.atoms > 1 else (None, c)
         p = b.value("table", [c], U32, {"name": "x_pos"}, hint="xp")

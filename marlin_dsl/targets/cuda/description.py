@@ -62,6 +62,8 @@ CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_by
               # sm_90a: wgmma.mma_async m64nNk16 (N = 8..256), B from shared memory in
               # 128-byte-swizzled rows (wgmma_layout.py, checked on an H100)
               warpgroup_mma=(64, 256, 16), warpgroup_warps=4,
+              # wgmma.mma_async.sp m64nNk32: per warp the A and metadata of mma.sp m16n8k32
+              warpgroup_sparse_k=32,
               warpgroup_b_layout=SwizzledRows(row_bytes=128, atom_rows=8),
               warpgroup_max_shared_bytes=227 * 1024,  # sm_90's opt-in maximum per block
               warpgroup_arch="sm_90a")  # wgmma is not in plain sm_90 (or later) PTX

@@ -62,7 +62,8 @@ class WgmmaEmitters:
         return name
 
     def op_wgmma(self, op: Op, depth: int) -> None:
-        a, off, c = self.refs(op)
+        a, off, c = self.refs(op)[:3]
+        sparse = len(op.operands) == 4
         tc = op.result.type
         assert isinstance(tc, FragmentType)
         layout = CUDA.warpgroup_b_layout
@@ -81,15 +82,21 @@ class WgmmaEmitters:
             mem_a, _, _ = self.memory(str(op.attrs["smem_a"]))
             desc_a = f"mdsl::wgmma_desc_sw128<{layout.align}u>(&{mem_a}[{a}])"
             ins = f'"l"({desc_a}), "l"({desc_b})'
-            operands, tail = f"%{nacc}, %{nacc + 1}", "p, 1, 1, 0, 0"
+            operands, tail, n_in = f"%{nacc}, %{nacc + 1}", "p, 1, 1, 0, 0", 2
         else:  # A in registers: d, {a0..a3}, b-desc, scale-d, scale-a, scale-b, trans-b
             ta = op.operands[0].type
             assert isinstance(ta, FragmentType)
             ins = ", ".join([*(f'"r"({r})' for r in _regs(a, ta)), f'"l"({desc_b})'])
-            operands, tail = "{" + ", ".join(f"%{nacc + i}" for i in range(4)) + f"}}, %{nacc + 4}", "p, 1, 1, 0"
+            operands, tail, n_in = "{" + ", ".join(f"%{nacc + i}" for i in range(4)) + f"}}, %{nacc + 4}", "p, 1, 1, 0", 5
+        shape, sp = f"m64n{n}k16", ""
+        if sparse:  # 2:4: the metadata register and the selector (an immediate) follow B
+            meta, selector = self.refs(op)[3], int(op.attrs["selector"])  # type: ignore[arg-type]
+            ins += f', "r"({meta})'
+            operands += f", %{nacc + n_in}, {selector}"
+            shape, sp = f"m64n{n}k{CUDA.warpgroup_sparse_k}", ".sp"
         # scale-d = 1 (d += a b, as a predicate), scales of a and b 1, both K-major (transpose 0)
         self.emit(depth, f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n'
-                         f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d_list}}}, '
+                         f'wgmma.mma_async{sp}.sync.aligned.{shape}.f32.{ty}.{ty} {{{d_list}}}, '
                          f'{operands}, {tail};\\n}}\\n"')
         self.emit(depth + 2, f": {outs}")
         self.emit(depth + 2, f": {ins});")
@@ -109,15 +116,18 @@ class WgmmaEmitters:
     def op_wgmma_wait(self, op: Op, depth: int) -> None:
         refs = self.refs(op)
         pending = int(op.attrs["pending"])
+        first = 1 if op.results else 0
+        # registers the retired wgmmas may still read (a fragments, sparse metadata words)
+        kept = [f'"r"({r})' for v, ref in zip(op.operands[first:], refs[first:])
+                for r in (_regs(ref, v.type) if isinstance(v.type, FragmentType) else [ref])]
         if not op.results:  # retires groups: no register of the accumulator is read
-            self.emit(depth, f'asm volatile("wgmma.wait_group.sync.aligned {pending};\\n" ::: "memory");')
+            ins = f" : : {', '.join(kept)} : " if kept else " ::: "
+            self.emit(depth, f'asm volatile("wgmma.wait_group.sync.aligned {pending};\\n"{ins}"memory");')
             return
         tc = op.result.type
         assert isinstance(tc, FragmentType)
         name = self._copy_acc(op, refs[0], depth)
         outs = ", ".join(f'"+f"({r})' for r in _regs(name, tc))
-        kept = [f'"r"({r})' for v, ref in zip(op.operands[1:], refs[1:])
-                for r in _regs(ref, v.type)]  # type: ignore[arg-type]
         self.emit(depth, f'asm volatile("wgmma.wait_group.sync.aligned {pending};\\n"')
         self.emit(depth + 2, f": {outs}")
         self.emit(depth + 2, f": {', '.join(kept)} : \"memory\");")

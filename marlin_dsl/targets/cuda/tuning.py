@@ -26,7 +26,7 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
     if warpgroup and m > WARPGROUP_MIN_M:
         try:
             return warpgroup_schedule(fmt, m, target, k, n)
-        except ScheduleError:  # a format the warpgroup pipeline does not take (2:4)
+        except ScheduleError:  # a format the warpgroup pipeline does not take
             pass
     pair_k = stream_step_k(fmt, target)  # two K vectors per step where a group covers both
     one_k = stream_layout(fmt, target).dense_chunk
@@ -111,8 +111,13 @@ def warpgroup_schedule(fmt: Format, m: int, target: Target | None = None, k: int
     # One K vector a step: two (tile_k = 128, `Warpgroup` takes it) halve the per-step work
     # but need 2x the shared memory (256-row tiles no longer fit) and ptxas moves the next
     # step's decode into the batch of 8 wgmmas and serialises it (C7514); not measured yet.
-    tile_k = stream_layout(fmt, target).dense_chunk
-    tile_m = 256 if m > 128 else 128
+    layout = stream_layout(fmt, target)
+    tile_k = layout.dense_chunk
+    # 2:4 (the sparse wgmma, k32): a K vector is 128 activations, two swizzled rows, so a
+    # 256-row stage is 64 KB and 4 of them no longer fit; 128 x 128 tiles with 4 stages were
+    # the fastest on most shapes (bench/results/issue15_h100_2026-11-25d/sparse_wgmma:
+    # 0.84-0.95x fp16 at M = 2048, 0.87-0.95x at 512).
+    tile_m = 128 if m <= 128 or layout.sparse else 256
     sched = Schedule(f"warpgroup_{tile_m}", tile_m=tile_m, tile_n=128, tile_k=tile_k, warps_m=1, warps_n=8,
                      pipeline=Warpgroup(stages=4, depth=2))
     sched.check(fmt, target)
