@@ -25,9 +25,10 @@ Cost model, read from each kernel's IR after the passes (docs/COST_MODEL.md). Pe
   st.d: stores; mma: MMAs (8x8x8 simdgroup on Metal, m16n8k16 / m16n8k32 sp / wgmma on CUDA);
   sync: barriers, fences, async waits; move: vector lanes and fragment elements (mostly free
   in machine code); oth: branches, thread indices. inv/w: loop-invariant ops among them.
-M: activation rows assumed (the tile's tile_m unless --cost-m). B/w: bytes per weight from
-  device memory: uniq = weights, scales, zero points, metadata (their storage) + act (M x 2
-  bytes / tile_n); req = what the loads ask for, every thread's repeats included. tgmem:
+M: activation rows assumed (the tile's tile_m unless --cost-m). B/w: bytes per weight the
+  threadgroup needs from device memory = weights (codes, scales, zero points, metadata: their
+  storage) + act (M x 2 bytes / tile_n); req: bytes per weight the loop's loads ask for, every
+  thread's repeats included. tgmem:
   threadgroup memory bytes; regs: most 32-bit values live at once in the loop (estimate);
   bar/step: threadgroup barriers per K step (+ simdgroup barriers after '+')."""
 
@@ -59,8 +60,8 @@ def _barriers(k: KernelCost) -> str:
 
 def memory_table(costs: list[KernelCost]) -> tuple[list[str], list[list[str]]]:
     """Bytes per weight, threadgroup memory, registers, barriers."""
-    headers = ["gemm", "pipeline", "M", "uniq B/w", "weights", "act", "req B/w", "tgmem",
-               "regs", "bar/step"]
+    headers = ["gemm", "pipeline", "M", "B/w", "weights", "act", "req", "tgmem", "regs",
+               "bar/step"]
     rows = []
     for k in costs:
         act = k.unique_bytes.get(ACTIVATIONS, 0.0)
