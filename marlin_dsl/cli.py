@@ -266,7 +266,10 @@ def _cost(args: argparse.Namespace, compiled: list) -> None:
         print()
         print(cost_report(costs, _table))
     if args.cost_json is not None:
-        args.cost_json.write_text(json.dumps(cost_json(costs), indent=1) + "\n")
+        try:
+            args.cost_json.write_text(json.dumps(cost_json(costs), indent=1) + "\n")
+        except OSError as err:
+            raise UsageError(f"--cost-json {str(args.cost_json)!r}: {err.strerror}") from None
 
 
 def parse_shape(text: str) -> tuple[int, int]:

@@ -344,3 +344,10 @@ def test_cost_m_sets_the_activation_rows(tmp_path: Path, capsys: pytest.CaptureF
     doc = json.loads(out.read_text())
     assert all(d["m"] == 1 and d["unique_bytes"]["x"] == 2 / 64 for d in doc)
     assert "\ngemm              target" not in capsys.readouterr().out  # JSON only: no tables
+
+
+def test_cost_json_into_a_folder_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compile", str(ROOT / "examples" / "dense_fp4.py"), "--no-check",
+                 "--cost-json", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--cost-json" in err and "Traceback" not in err

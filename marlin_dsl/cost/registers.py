@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from math import ceil
 
+from ..errors import CompileError
 from ..ir.core import Block, Kernel, Op, Value
 from ..ir.types import FragmentType, ScalarType, Type, VectorType
 
@@ -32,7 +33,7 @@ def registers_of(t: Type, warp_size: int = 32) -> int:
         return ceil(t.size * t.elem.bits / 32)
     if isinstance(t, FragmentType):
         return ceil(t.rows * t.cols / warp_size * t.elem.bits / 32)
-    raise TypeError(f"no register size for {t}")
+    raise CompileError(f"cost model: no register size for type {t}")
 
 
 def _outer_uses(region: Block) -> set[int]:
