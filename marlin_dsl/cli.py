@@ -244,6 +244,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             if harness is None and not args.no_check:
                 note = runtime.native_check.unavailable_note
             print(f"{runtime.native_check.column}: {note}; the same shapes and tolerance")
+    if args.cost or args.cost_json is not None:
+        _cost(args, [compiled for _, compiled, _ in compiled_all])
     if args.output is not None:
         print(f"marlin-dsl: wrote {len(compiled_all)} kernel(s), {len(written)} files, under "
               f"{args.output}/<spec>/<gemm>/", file=sys.stderr)
@@ -252,6 +254,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
               f"(errors above)", file=sys.stderr)
         return EXIT_INPUT
     return EXIT_CHECK_FAILED if failures else EXIT_OK
+
+
+def _cost(args: argparse.Namespace, compiled: list) -> None:
+    """--cost: the cost model's tables; --cost-json FILE: the same as JSON."""
+    from .cost import kernel_cost
+    from .cost.report import cost_json, cost_report
+
+    costs = [kernel_cost(c.kernel, c.gemm, args.cost_m) for c in compiled]
+    if args.cost and costs:
+        print()
+        print(cost_report(costs, _table))
+    if args.cost_json is not None:
+        try:
+            args.cost_json.write_text(json.dumps(cost_json(costs), indent=1) + "\n")
+        except OSError as err:
+            raise UsageError(f"--cost-json {str(args.cost_json)!r}: {err.strerror}") from None
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -382,6 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("-o", "--output", type=Path, help="write the compiled kernels here")
     compile_.add_argument("--no-check", action="store_true",
                           help="skip executing the kernels (the format checks still run)")
+    compile_.add_argument("--cost", action="store_true", help="print each kernel's static cost "
+                          "model: bytes and K-loop instructions per weight, registers, barriers")
+    compile_.add_argument("--cost-json", type=Path, metavar="FILE", help="write the cost model as JSON")
+    compile_.add_argument("--cost-m", type=_positive, metavar="M", help="activation rows the cost "
+                          "model assumes (default: each schedule's tile_m)")
     compile_.set_defaults(func=cmd_compile)
     bench = sub.add_parser(
         "bench", help="time the kernels on a GPU against MLX's own and the bandwidth floor (GPU only)",

@@ -121,6 +121,9 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.spec", "schedule"),
     ("marlin_dsl.lowering*", "lowering"),
     ("marlin_dsl.passes*", "passes"),
+    # the static cost model: an analysis of the IR after the passes (reads the IR, the format
+    # and the schedule; rewrites nothing), below the printers and the command line
+    ("marlin_dsl.cost*", "passes"),
     ("marlin_dsl.kernel_args", "launchers"),  # the host side of a kernel, shared by every executor
     ("marlin_dsl.compiler", "compiler"),
     ("marlin_dsl.emit", "emit"),
