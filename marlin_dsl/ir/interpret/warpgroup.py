@@ -11,6 +11,8 @@ it to be used:
   of them was followed by its thread's `fence async_proxy` (the tensor cores read shared
   memory through the asynchronous proxy);
 - a batch of wgmmas starts with a `wgmma_fence` of the warp (after the last commit);
+- the sparse form (a metadata word and a selector) rebuilds each warp's dense A from the
+  compressed one as mma_sp does (`fragments.SparseA`), B then k = warpgroup_sparse_k deep;
 - the result is computed at issue (A @ B + c in float64, rounded to f32 once) but is in flight
   until a `wgmma_wait` retires its group: until then no thread may write the B elements it
   reads, and the wait that returns its accumulator chain must retire it. (The verifier makes

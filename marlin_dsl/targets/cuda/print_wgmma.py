@@ -1,7 +1,8 @@
 """The CUDA printer's emitters of the warpgroup MMA (sm_90a): `wgmma` as inline PTX
 `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}` with A from registers and B
 through a shared-memory matrix descriptor (`mdsl::wgmma_desc_sw128`, codegen/cuda_prelude.cuh),
-`wgmma_fence` / `wgmma_commit` / `wgmma_wait` as `wgmma.fence` / `commit_group` /
+the sparse form (a 4th operand) as `wgmma.mma_async.sp...m64nNk32` with the metadata register
+and the selector immediate after B, `wgmma_fence` / `wgmma_commit` / `wgmma_wait` as `wgmma.fence` / `commit_group` /
 `wait_group`, and the async-proxy fence. The instruction spellings are those of
 bench/wgmma_probe.cu, which checked them on an H100.
 
