@@ -27,6 +27,7 @@ import argparse
 import datetime as _dt
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -79,6 +80,34 @@ def kernel_specs():
     return out
 
 
+def sparse_meta_hazards(sass: str) -> list[str]:
+    """Writes to the metadata register of an `HGMMA.SP` before a `WARPGROUP.DEPBAR.LE gsb0, 0x0`
+    retires it, in the SASS text's order (the lowering ends every loop pass with such a wait, so
+    no back edge lies in between). The H100 reads that register when the instruction executes:
+    such a write corrupts the warp's rows (issue15_h100_2026-11-25d/sparse_wgmma)."""
+    import re
+
+    live: dict[str, str] = {}  # metadata register -> the HGMMA.SP reading it
+    found = []
+    for line in sass.splitlines():
+        ins = re.sub(r"/\*.*?\*/", "", line).strip().rstrip(";").strip()
+        m = re.search(r"HGMMA\.SP\S* R\d+, gdesc\[\w+\], R\d+, (R\d+)", ins)
+        if m:
+            live[m.group(1)] = ins
+            continue
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in ins:
+            live.clear()
+            continue
+        words = ins.split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        dst = words[1].rstrip(",") if len(words) > 1 else ""
+        for reg in live:
+            if dst == reg:
+                found.append(f"{ins!r} writes {reg}, read by the queued {live[reg]!r}")
+    return found
+
+
 def prepare(out_dir: Path) -> int:
     import marlin_dsl as md
     from marlin_dsl.compiler import compile_gemm
@@ -108,6 +137,15 @@ def prepare(out_dir: Path) -> int:
                 return 1
             regs = [ln.strip() for ln in res.stderr.splitlines() if "registers" in ln or "C75" in ln]
             entry["ptxas"] = regs
+            cuobjdump = shutil.which("cuobjdump")
+            if cuobjdump and "_2of4" in fmt.name:
+                sass = subprocess.run([cuobjdump, "-sass", str(out_dir / f"{name}.cubin")],
+                                      capture_output=True, text=True).stdout
+                hazards = sparse_meta_hazards(sass)
+                entry["sparse_meta_hazards"] = hazards
+                if hazards:
+                    print(name, "sparse metadata hazards:", *hazards[:3], sep="\n  ", file=sys.stderr)
+                    return 1
             cu.unlink()
             print(name, *regs)
         (out_dir / f"{name}.json").write_text(json.dumps(entry))

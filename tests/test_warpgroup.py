@@ -116,6 +116,19 @@ def test_a_sparse_wgmma_left_in_flight_across_steps_is_refused(monkeypatch: pyte
         compiled("fp4_2of4")
 
 
+def test_a_sparse_step_left_in_flight_keeps_its_metadata_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the pair's second wait retires the first step's wgmmas and holds their metadata words
+    def drop_kept(self, name, operands=(), result_types=(), attrs=None, regions=None, hint="v"):
+        if name == "wgmma_wait" and not result_types:
+            operands = ()
+        return builder_op(self, name, operands, result_types, attrs, regions, hint)
+
+    builder_op = Builder.op
+    monkeypatch.setattr(Builder, "op", drop_kept)
+    with pytest.raises(VerifyError, match="does not keep its metadata word"):
+        compiled("fp4_2of4")
+
+
 def test_a_batch_of_wgmmas_stays_together_after_the_passes() -> None:
     """Between a wgmma_fence and its commit only the wgmmas and their offsets (the schedule
     fences keep the next step's decode out: ptxas serialises a batch with other work in it)."""
@@ -410,7 +423,8 @@ def test_tuned_schedules_on_hopper() -> None:
     assert tuned_schedule(fp4, 2048, CUDA, 4096, 4096).pipeline.kind == "multistage"  # no wgmma on the device
     two_four = md.builtin_format("fp4_2of4")
     sparse = tuned_schedule(two_four, 2048, CUDA, 4096, 4096, warpgroup=True)
-    assert sparse.pipeline.kind == "warpgroup" and sparse.tile_m == 128  # 256-row stages of 2:4 do not fit
+    assert sparse.pipeline.kind == "warpgroup" and sparse.tile_m == 192  # 256-row stages of 2:4 do not fit
+    assert tuned_schedule(two_four, 200, CUDA, 4096, 4096, warpgroup=True).tile_m == 128
     assert tuned_schedule(two_four, 2048, CUDA, 4096, 4096).pipeline.kind == "multistage"
 
 
@@ -440,12 +454,14 @@ def test_printed_sparse_wgmma(a_source: str) -> None:
     body = print_cuda(kernel).body
     spelled = [line for line in body.splitlines() if "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16" in line]
     # four k32 instructions a step (one 128-activation vector), tile pairs sharing a metadata
-    # word with selectors 0 and 1 (an immediate after the word's operand)
-    assert len(spelled) == 4
+    # word with selectors 0 and 1 (an immediate after the word's operand); with A in shared
+    # memory steps go in pairs (the first left in flight) plus a lone last step
+    steps = 3 if a_source == "shared" else 1
+    assert len(spelled) == 4 * steps
     selectors = [int(re.search(r", %\d+, (\d), p, 1, 1", line).group(1)) for line in spelled]
-    assert selectors == [0, 1, 0, 1]
+    assert selectors == [0, 1, 0, 1] * steps
     waits = [line for line in body.splitlines() if "wgmma.wait_group.sync.aligned" in line]
-    assert "wait_group.sync.aligned 1" not in " ".join(waits)  # every step retires its own
+    assert ("wait_group.sync.aligned 1" in " ".join(waits)) == (a_source == "shared")
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc (CUDA toolkit) to compile the printed text")

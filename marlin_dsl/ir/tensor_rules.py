@@ -297,10 +297,19 @@ def _sparse_retired_in_block(ops: list[Op]) -> str | None:
             for i, op in enumerate(block):
                 if op.name != "wgmma" or len(op.operands) != 4:
                     continue
-                if not any(w.name == "wgmma_wait" and w.attrs.get("pending") == 0 for w in block[i + 1:]):
+                waits = [(j, w) for j, w in enumerate(block[i + 1:], i + 1) if w.name == "wgmma_wait"]
+                retiring = next((j for j, w in waits if w.attrs.get("pending") == 0), None)
+                if retiring is None:
                     return (f"sparse wgmma -> %{op.result.name} is not retired (wgmma_wait pending 0) "
                             "in its block: the hardware reads its metadata register when it executes, "
                             "and the next loop step rewrites that register")
+                # left in flight by an earlier wait: its metadata word must live (in its
+                # register) until the wait that retires it
+                early = any(j < retiring for j, _ in waits)
+                if early and all(v is not op.operands[3] for v in block[retiring].operands):
+                    return (f"sparse wgmma -> %{op.result.name} is left in flight past a wait, but the "
+                            f"wait that retires it does not keep its metadata word %{op.operands[3].name} "
+                            "alive")
     return None
 
 

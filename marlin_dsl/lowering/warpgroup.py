@@ -157,8 +157,11 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         per_set = len(fetched[0])
         acc = b.value("frag_zero", [], self.frag_acc, hint="acc")
 
-        def body(kv: Value, groups: list[list[Value]]) -> list[Value]:
-            carried, meta_cur, (acc_in,) = groups
+        def step(kv: Value, carried: list[Value], meta_cur: list[Value], acc_in: Value, pending: int,
+                 keep: list[Value]) -> list[Value]:
+            """Step kv; returns the next step's carried values (prefetches, metadata words,
+            accumulator). `pending`: this warp's groups left in flight by the step's wait,
+            which keeps `keep` (an earlier sparse step's metadata words) alive until then."""
             self.step_ready(stages - 3)  # step kv's activations and decoded weights are in place
             self.issue_x(self.op2("add", kv, stages - 2, hint="nx"))  # into step kv-2's slot
             slot = self.op2("rem", kv, stages, hint="slot")
@@ -171,18 +174,41 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
                 a_off = self.op2("add", a_base, off, hint="ab") if off else a_base
                 acc_v = self.wgmma([a_off, self.b_offset(slot, t), acc_v], meta_cur, t, {"smem_a": "a_s"})
             b.op("wgmma_commit")
-            # Dense: step kv-1's wgmmas are done (this warp), step kv's run on. 2:4: step kv's
-            # are done too. A sparse wgmma reads its metadata register when it executes, not
-            # when issued (seen on the H100: a warp that rewrote the register for its next step
-            # while its wgmmas were still queued got those 16 rows wrong), and a rolled loop
-            # rewrites that register every step; the verifier holds sparse wgmmas to this.
-            b.op("wgmma_wait", attrs={"pending": 0 if self.sparse else 1})
+            b.op("wgmma_wait", keep, attrs={"pending": pending})
             new = self.fetch(self.op2("add", kv, depth + 1, hint="nx"))
             meta_next = self.store_a(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
             return [*carried[per_set:], *new, *meta_next, acc_v]
 
-        results = self.carried_for(0, self.steps, 1, [("pf", ahead), ("sm", meta), ("acc", [acc])],
-                                   body, iv_hint="kv", hint="fin")
+        n_meta = len(meta)
+
+        def split(flat: list[Value]) -> tuple[list[Value], list[Value], Value]:
+            return flat[:-1 - n_meta], flat[-1 - n_meta:-1], flat[-1]
+
+        groups = [("pf", ahead), ("sm", meta), ("acc", [acc])]
+        if not self.sparse:
+            # step kv-1's wgmmas are done (this warp), step kv's run on while kv+1 is prepared
+            results = self.carried_for(0, self.steps, 1, groups, lambda kv, g: step(kv, g[0], g[1], g[2][0], 1, []),
+                                       iv_hint="kv", hint="fin")
+            return b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")
+        # 2:4: a sparse wgmma reads its metadata register when it executes, not when issued
+        # (seen on the H100: a warp that rewrote the register for its next step while its
+        # wgmmas were still queued got those 16 rows wrong), and a rolled loop rewrites that
+        # register every step. So steps go in pairs: the first's wgmmas run on while the second
+        # is prepared (its metadata words, new values, live beside the first's, which the
+        # second's wait keeps alive), and the second retires both, before the loop goes round;
+        # an odd last step runs alone. The verifier holds sparse wgmmas to this.
+        def pair(p: Value, g: list[list[Value]]) -> list[Value]:
+            kv0 = self.op2("mul", p, 2, hint="kv")
+            first = step(kv0, g[0], g[1], g[2][0], 1, [])
+            carried, meta_mid, acc_mid = split(first)
+            return step(self.op2("add", kv0, 1, hint="kv"), carried, meta_mid, acc_mid, 0, g[1])
+
+        pairs = self.op2("div", self.steps, 2, hint="kp")
+        results = self.carried_for(0, pairs, 1, groups, pair, iv_hint="kp", hint="fin")
+        carried, meta_last, acc_last = split(results)
+        results = self.carried_for(self.op2("mul", pairs, 2, hint="kv"), self.steps, 1,
+                                   [("pf", carried), ("sm", meta_last), ("acc", [acc_last])],
+                                   lambda kv, g: step(kv, g[0], g[1], g[2][0], 0, []), iv_hint="kv", hint="fin")
         return b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")
 
     def wgmma(self, operands: list[Value], meta: list[Value], tile: int, attrs: dict) -> Value:

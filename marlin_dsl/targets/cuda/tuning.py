@@ -114,11 +114,15 @@ def warpgroup_schedule(fmt: Format, m: int, target: Target | None = None, k: int
     layout = stream_layout(fmt, target)
     tile_k = layout.dense_chunk
     # 2:4 (the sparse wgmma, k32): a K vector is 128 activations, two swizzled rows, so a
-    # 256-row stage is 64 KB and 4 of them no longer fit; 128 x 128 tiles with 4 stages were
-    # the fastest on most shapes (bench/results/issue15_h100_2026-11-25d/sparse_wgmma:
-    # 0.84-0.95x fp16 at M = 2048, 0.87-0.95x at 512).
-    tile_m = 128 if m <= 128 or layout.sparse else 256
+    # 256-row stage is 64 KB and 4 of them no longer fit. With steps in pairs (lowering), 192 x
+    # 128 tiles and 3 stages were the fastest at M = 2048 on every shape, 1.02-1.08x fp16, and
+    # level with 128-row tiles at 512 (bench/results/issue15_h100_2026-11-25d/sparse_wgmma/
+    # run5_pairs); 128-row tiles below 256 rows waste less of a partial tile.
+    if layout.sparse:
+        tile_m, stages = (192 if m > 256 else 128), 3
+    else:
+        tile_m, stages = (256 if m > 128 else 128), 4
     sched = Schedule(f"warpgroup_{tile_m}", tile_m=tile_m, tile_n=128, tile_k=tile_k, warps_m=1, warps_n=8,
-                     pipeline=Warpgroup(stages=4, depth=2))
+                     pipeline=Warpgroup(stages=stages, depth=2))
     sched.check(fmt, target)
     return sched
