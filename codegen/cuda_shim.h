@@ -20,7 +20,8 @@
 //     the warpgroup pipeline, sm_90a) are refused by the Python driver before compiling.
 //   - __global__, __device__, __host__ expand to nothing, __forceinline__ to inline,
 //     __align__(n) to the aligned attribute, __restrict__ to __restrict.
-//   - __shared__ expands to thread_local: a block-scope thread_local array has static storage
+//   - __shared__ expands to thread_local (and `used`, so that g++ does not fold reads of an
+//     array the kernel never writes to zeros): a block-scope thread_local array has static storage
 //     (one per OS thread, and every fiber of a block runs on the launching thread, so the
 //     block's threads share it), and `extern __shared__ ... mdsl_smem[]` stays a valid
 //     declaration of the dynamic block, which the harness defines before the kernel. The
@@ -54,7 +55,7 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ thread_local
+#define __shared__ thread_local __attribute__((used))  // used: never folded as never written
 
 #define threadIdx (::mdsl_cpu::g_fiber->thread_idx)
 #define blockIdx (::mdsl_cpu::g_group->pos)

@@ -357,7 +357,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"cache: {root} (MARLIN_DSL_CACHE, XDG_CACHE_HOME), bound per part "
           f"{cache.max_bytes() / 2**20:.0f} MB (MARLIN_DSL_CACHE_MAX_MB)")
-    for part in ("metal_cpu", "metal", "nvcc", "nvrtc", "cuda_text"):
+    for part in ("metal_cpu", "cuda_cpu", "metal", "nvcc", "nvrtc", "cuda_text"):
         print(f"  {part:<10} {cache.size_bytes(root / part) / 2**20:8.1f} MB")
     return EXIT_OK
 

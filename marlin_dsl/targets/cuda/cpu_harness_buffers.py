@@ -68,10 +68,10 @@ class GuardedBuffer:
         """A read-only input must come back as it went in (bit for bit)."""
         assert self.initial is not None
         now = self.payload()
-        changed = np.nonzero(now.view(np.uint8).reshape(self.n, -1) != self.initial.view(np.uint8).reshape(self.n, -1))[0]
+        changed = np.nonzero(now.view(np.uint8) != self.initial.view(np.uint8))[0]
         if len(changed):
             raise CudaCPUError(f"kernel {kernel}: wrote into its read-only input {self.name}, first at index "
-                               f"{int(changed[0])}", "guard")
+                               f"{int(changed[0]) // now.itemsize}", "guard")
 
     def result(self) -> np.ndarray:
         """The payload in the executors' holding dtype (bf16 as float32)."""
