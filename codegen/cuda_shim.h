@@ -27,7 +27,8 @@
 //     declaration of the dynamic block, which the harness defines before the kernel. The
 //     runtime poisons this library's whole thread-local block (0xFF) before every block.
 //   - threadIdx, blockIdx, blockDim, gridDim read the running fiber's and block's indices;
-//     __syncthreads is a block barrier, __syncwarp a warp rendezvous (cuda_shim_runtime.h);
+//     __syncthreads is a block barrier, __syncwarp a warp rendezvous (cuda_shim_runtime.h;
+//     a launch, with the poisoning, faults and timeout: cuda_shim_launch.h);
 //     __threadfence(_block) are no-ops (fibers switch only at synchronisation points, so
 //     every write is visible to every later read); atomicAdd is a plain read-modify-write for
 //     the same reason; __ldcg is a plain load.
@@ -44,6 +45,7 @@
 
 #include "cuda_shim_half.h"
 #include "cuda_shim_runtime.h"
+#include "cuda_shim_launch.h"
 
 #define MDSL_CPU_SHIM 1
 #define MDSL_HOST_HALF_TYPES 1

@@ -9,7 +9,8 @@ types and intrinsics, thread indices, barriers, `__shared__`) and `codegen/cuda_
 (the PTX the prelude wraps: mma.sync m16n8k16, mma.sp::ordered_metadata m16n8k32 and
 cp.async, written from the PTX ISA's fragment rules, not from marlin_dsl's Target tables),
 with a small launcher appended, into a shared library cached by a hash of everything that
-goes into it, loaded with ctypes and run by the shim's runtime (codegen/cuda_shim_runtime.h):
+goes into it, loaded with ctypes and run by the shim's runtime (codegen/cuda_shim_runtime.h,
+codegen/cuda_shim_launch.h):
 
 - blocks run one after another in a random (seeded) order; every thread of a block is a fiber,
   all concurrent, switched at every synchronisation point under a seeded random policy
@@ -63,7 +64,7 @@ DEFAULT_FLAGS = ("-std=c++20", os.environ.get("MARLIN_CUDA_CPU_OPT", "-O1"), "-f
                  "-w")
 
 #: The shim's headers, under codegen/ (all of them go into the cache key).
-SHIM_FILES = ("cuda_shim.h", "cuda_shim_half.h", "cuda_shim_runtime.h", "cuda_shim_ptx.h")
+SHIM_FILES = ("cuda_shim.h", "cuda_shim_half.h", "cuda_shim_runtime.h", "cuda_shim_launch.h", "cuda_shim_ptx.h")
 
 _KERNEL_NAME = "mdsl_cuda_cpu_kernel"
 _ASM = re.compile(r"\basm\b")
@@ -251,8 +252,9 @@ def compile_cuda_cpu(source: CudaSource | Kernel, *, flags: Iterable[str] = DEFA
     unique = f"{os.getpid()}.{threading.get_ident()}"
     tmp_cpp, tmp = root / f"{src.name}-{key}.{unique}.cpp", root / f"{src.name}-{key}.{unique}.so"
     tmp_cpp.write_text(text)
-    proc = subprocess.run([cxx, *all_flags, f"-I{codegen}", "-o", str(tmp), str(tmp_cpp), "-ldl", "-lrt"],
-                          capture_output=True, text=True)
+    include = _include_dir(root, cxx, all_flags, key_parts=shim)
+    proc = subprocess.run([cxx, *all_flags, f"-I{include}", f"-I{codegen}", "-o", str(tmp), str(tmp_cpp), "-ldl",
+                           "-lrt"], capture_output=True, text=True)
     os.replace(tmp_cpp, cpp)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -263,6 +265,33 @@ def compile_cuda_cpu(source: CudaSource | Kernel, *, flags: Iterable[str] = DEFA
 
     prune(root, keep=(so, cpp))  # bounded: least recently used builds go first
     return CompiledCudaCPU(src, so, text)
+
+
+_INCLUDE_LOCK = threading.Lock()
+
+
+def _include_dir(root: Path, cxx: str, flags: list[str], key_parts: list[str]) -> Path:
+    """A folder whose `cuda_shim.h` includes the shim, with a precompiled header of it (built
+    once per shim text, compiler and flags; about a third of a kernel's compile time). The
+    builds work without it too: g++ then reads the headers."""
+    tag = hashlib.sha256("\0".join([str(_codegen_dir()), *key_parts, cxx, _compiler_version(cxx), *flags])
+                         .encode()).hexdigest()[:16]
+    include = root / f"include-{tag}"
+    header = include / "cuda_shim.h"
+    with _INCLUDE_LOCK:
+        if not header.exists():
+            include.mkdir(exist_ok=True)
+            unique = f"{os.getpid()}.{threading.get_ident()}"
+            tmp, tmp_gch = include / f"cuda_shim.{unique}.h", include / f"cuda_shim.{unique}.h.gch"
+            tmp.write_text(f'#include "{_codegen_dir() / "cuda_shim.h"}"\n')
+            proc = subprocess.run([cxx, *[f for f in flags if f != "-shared"], "-x", "c++-header", str(tmp),
+                                   "-o", str(tmp_gch)], capture_output=True, text=True)
+            if proc.returncode == 0:
+                os.replace(tmp_gch, include / "cuda_shim.h.gch")
+            else:
+                tmp_gch.unlink(missing_ok=True)
+            os.replace(tmp, header)  # last: its existence means the folder is complete
+    return include
 
 
 def compile_many(sources: Sequence[CudaSource | Kernel], jobs: int | None = None, **kwargs) -> list[CompiledCudaCPU]:
