@@ -331,3 +331,20 @@ def test_warpgroup_kernels_are_refused() -> None:
     with pytest.raises(CudaCPUError, match="wgmma") as info:
         compile_cuda_cpu(print_cuda(kernel))
     assert info.value.kind == "unsupported"
+
+
+def test_compile_table_runs_the_printed_cuda(tmp_path, capsys) -> None:
+    """`marlin-dsl compile --target cuda` checks every kernel's printed text on the harness
+    (the `.cu` column); a warpgroup kernel's column reads "-"."""
+    from marlin_dsl.cli import main
+
+    spec = tmp_path / "wg_spec.py"
+    spec.write_text("from marlin_dsl import Gemm, Schedule, Warpgroup, builtin_format\n"
+                    "wg = Schedule('wg', tile_m=32, tile_n=64, tile_k=64, warps_m=1, warps_n=4,\n"
+                    "              pipeline=Warpgroup(stages=3, depth=1))\n"
+                    "Gemm('fp4_wg', builtin_format('fp4'), wg)\n"
+                    "Gemm('fp4_db', builtin_format('fp4'), Schedule('db'))\n")
+    assert main(["compile", str(spec), "--target", "cuda"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("fp4_") and line.split()[-1] == "PASS"}
+    assert rows["fp4_wg"][-2] == "-" and float(rows["fp4_db"][-2]) < 2e-3
