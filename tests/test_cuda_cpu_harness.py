@@ -5,8 +5,8 @@ and warp semantics; the outputs are checked against the float64 reference of the
 - Every non-wgmma GEMM kernel kind the suite builds: the seed pipelines (double-buffered,
   fused-dequant, striped) for the 7 built-in formats, the weight-stream and multistage
   pipelines for the 6 stream formats, f16 and bf16; M = 1, 3, 65 with N tails, K tails, the
-  unrolled stream loop, 2..4 stages, guarded copies and the tuned schedules; the activation
-  sparsify kernels and the sparse GEMM (their own references, bit exact / float64).
+  unrolled stream loop, 2..4 stages, guarded copies and the tuned schedules (the activation
+  sparsify kernels and the sparse GEMM: test_cuda_cpu_activation.py).
 - Mutations the interpreter cannot see fail here: `__hsub2` printed as `__hadd2`, the mma.sp
   metadata slots or thread pairs swapped in the Target table (which the packer and the
   interpreter share), a barrier or a cp.async wait removed.
