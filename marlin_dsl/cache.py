@@ -3,6 +3,8 @@ $MARLIN_DSL_CACHE, else $XDG_CACHE_HOME/marlin_dsl, else ~/.cache/marlin_dsl.
 
 - `metal_cpu/`: shared libraries of emitted Metal text built by g++ for the CPU harness
   (targets/metal/cpu_harness.py), keyed by a hash of the text, shim, flags and compiler;
+- `cuda_cpu/`: shared libraries of printed CUDA text built by g++ for the CUDA CPU harness
+  (targets/cuda/cpu_harness.py), keyed by a hash of the text, shim, flags and compiler;
 - `metal/`: generated Metal launchers of `quantized_linear` (targets/metal/runtime.py);
 - `nvcc/`: cubins of nvcc compile checks of printed CUDA (targets/cuda/nvcc.py, the tests);
 - `cuda_text/`: the text of CUDA kernels launched through MLX, which MLX's compiler reads by

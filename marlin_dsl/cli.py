@@ -199,7 +199,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if native_check is not None and native_check.available():
         def build(item):
             _, compiled, _ = item
-            return native_check.build(compiled, shipped[compiled.gemm.name])
+            return native_check.build(compiled, shipped.get(compiled.gemm.name))
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             harness = dict(zip((c.gemm.name for _, c, _ in compiled_all), pool.map(build, compiled_all)))
 
@@ -210,8 +210,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             _progress(f"[{index + 1}/{len(compiled_all)}] running {gemm.name} at M = 1, 3, 65")
         interp = [] if args.no_check else [check_kernel(gemm, kernel, shape, rng) for shape in check_shapes(gemm)]
         native = []
-        if harness is not None:
-            cpu = harness[gemm.name]
+        cpu = None if harness is None else harness[gemm.name]  # None: the check does not apply
+        if cpu is not None:
             native = [check_kernel(gemm, kernel, shape, rng, lambda k, b, sc: cpu.run(b, sc, seed=1))
                       for shape in check_shapes(gemm)]
         bad = [r for r in interp + native if not r.ok]
@@ -375,7 +375,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"cache: {root} (MARLIN_DSL_CACHE, XDG_CACHE_HOME), bound per part "
           f"{cache.max_bytes() / 2**20:.0f} MB (MARLIN_DSL_CACHE_MAX_MB)")
-    for part in ("metal_cpu", "metal", "nvcc", "nvrtc", "cuda_text"):
+    for part in ("metal_cpu", "cuda_cpu", "metal", "nvcc", "nvrtc", "cuda_text"):
         print(f"  {part:<10} {cache.size_bytes(root / part) / 2**20:8.1f} MB")
     return EXIT_OK
 

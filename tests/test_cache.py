@@ -54,3 +54,7 @@ def test_harness_builds_go_to_the_user_cache(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.delenv("MARLIN_METAL_CPU_CACHE", raising=False)
     monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path / "c"))
     assert metal_cpu._cache_dir() == tmp_path / "c" / "metal_cpu"
+    from marlin_dsl.targets.cuda import cpu_harness as cuda_cpu
+
+    monkeypatch.delenv("MARLIN_CUDA_CPU_CACHE", raising=False)
+    assert cuda_cpu._cache_dir() == tmp_path / "c" / "cuda_cpu"

@@ -243,7 +243,10 @@ class NativeCheck(Protocol):
 
     def available(self) -> bool: ...
 
-    def build(self, compiled: Any, shipped_text: str) -> NativeKernel: ...
+    def build(self, compiled: Any, shipped_text: str | None) -> NativeKernel | None:
+        """The kernel's shipped text (None where the target ships none in memory) built for the
+        check; None where the check does not apply to this kernel (the table shows "-")."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from ...layouts.weight_stream import LAYOUT_NAME, stream_layout
 from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .description import CUDA
-from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel
+from .cpu_harness import CompiledCudaCPU, CudaCPUError, compile_cuda_cpu, find_compiler, refuse_unsupported
+from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel, gemm_inout_inputs
 from .launch_precompiled import device_arch
 from .printer import print_cuda
 from .tuning import tuned_schedule
@@ -108,11 +109,34 @@ def write_cuda_kernel(compiled: CompiledGemm, out_dir: Path) -> list[Path]:
     return [folder / f"{name}.{target}.ir", folder / f"{name}.cu", folder / "manifest.json"]
 
 
+class CpuHarnessCheck:
+    """The printed CUDA compiled by g++ against codegen/cuda_shim.h and run on the CPU
+    (`cpu_harness.py`): the compile table's `.cu` column. The warpgroup pipeline's kernels
+    (wgmma) are not emulated: their column reads "-"."""
+
+    column = ".cu"
+    note = ("the printed .cu text compiled by g++ against codegen/cuda_shim.h and run by the\n"
+            "  CUDA CPU harness (threads with real barriers, warp-collective mma.sync / mma.sp\n"
+            "  from the PTX ISA's fragment rules; '-': a wgmma kernel, not emulated)")
+    unavailable_note = "skipped: no C++ compiler (g++) on this machine"
+
+    def available(self) -> bool:
+        return find_compiler() is not None
+
+    def build(self, compiled: CompiledGemm, shipped_text: str | None) -> CompiledCudaCPU | None:
+        source = print_cuda(compiled.kernel, inout_inputs=gemm_inout_inputs(compiled.kernel))
+        try:
+            refuse_unsupported(source)
+        except CudaCPUError:
+            return None
+        return compile_cuda_cpu(source)
+
+
 class CudaRuntime:
     """`TargetRuntime` of CUDA."""
 
     target: Target = CUDA
-    native_check = None  # the printed text is checked by nvcc and on the GPU (tests, bench/)
+    native_check = CpuHarnessCheck()  # also nvcc compiles (tests) and the GPU (bench/)
     kernel_launcher = CudaLaunch  # any kernel through mx.fast.cuda_kernel (or precompiled: launch.mlx_kernel)
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
