@@ -47,8 +47,8 @@ ACTS = ("f16", "bf16")
 #: on every format and shape)
 SCHEDULES = (("wgs256x128s4d2", 256, 8, 4, 2, "shared"), ("wgs128x128s4", 128, 8, 4, 1, "shared"),
              ("wgr128x128s3", 128, 8, 3, 1, "registers"))
-if __import__("os").environ.get("WG_SCHEDULE_SPECS"):  # "name:tile_m:warps_n:stages:depth:a_source,..."
-    SCHEDULES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5]) for f in
+if __import__("os").environ.get("WG_SCHEDULE_SPECS"):  # "name:tile_m:warps_n:stages:depth:a_source[:sparse_pass],..."
+    SCHEDULES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5], *(int(v) for v in f[6:7])) for f in
                       (spec.split(":") for spec in __import__("os").environ["WG_SCHEDULE_SPECS"].split(",")))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
                 (300, 4096, 4096 + 128), (2048, 4096, 4096))
@@ -71,10 +71,11 @@ def kernel_specs():
         for act in ACTS:
             first = int(__import__("os").environ.get("WG_SCHEDULES", len(SCHEDULES)))
             scheds = SCHEDULES[:first] if (fmt_name, act) == (FORMATS[0], "f16") else SCHEDULES[:1]
-            for name, tm, wn, st, depth, a_source in scheds:
+            for name, tm, wn, st, depth, a_source, *sparse_pass in scheds:
                 s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=stream_layout(fmt, md.CUDA).dense_chunk,
                                 warps_m=1, warps_n=wn,
-                                pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source))
+                                pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source,
+                                                      sparse_pass=sparse_pass[0] if sparse_pass else 2))
                 out.append((f"{fmt_name}_{act}_{name}", fmt, act, s))
         out.append((f"{fmt_name}_f16_multistage", fmt, "f16", md.multistage_schedule(fmt, 2048)))
     return out

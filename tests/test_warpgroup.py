@@ -32,9 +32,9 @@ SPARSE_FORMATS = ("fp4_2of4", "int4_2of4")  # the sparse wgmma (k32, A compresse
 
 
 def wg_schedule(tile_m: int = 32, warps_n: int = 4, stages: int = 3, depth: int = 1,
-                a_source: str = "shared", tile_k: int = 64) -> Schedule:
+                a_source: str = "shared", tile_k: int = 64, sparse_pass: int = 2) -> Schedule:
     return Schedule("wg_test", tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1, warps_n=warps_n,
-                    pipeline=Warpgroup(stages=stages, depth=depth, a_source=a_source))
+                    pipeline=Warpgroup(stages=stages, depth=depth, a_source=a_source, sparse_pass=sparse_pass))
 
 
 def compiled(fmt_name: str = "fp4", act: str = "f16", **kw) -> tuple[Gemm, Kernel]:
@@ -114,6 +114,16 @@ def test_a_sparse_wgmma_left_in_flight_across_steps_is_refused(monkeypatch: pyte
     monkeypatch.setattr(Builder, "op", pending_one)
     with pytest.raises(VerifyError, match="metadata register"):
         compiled("fp4_2of4")
+
+
+@pytest.mark.parametrize("sparse_pass", [1, 2])
+def test_sparse_passes(sparse_pass: int) -> None:
+    # K steps 1, 5, 8 and 7: whole passes, leftover steps, no whole pass at all
+    gemm, kernel = compiled("fp4_2of4", sparse_pass=sparse_pass, stages=4, depth=2)
+    assert_matches(gemm, kernel, [(5, 64, 128), (33, 72, 640), (65, 64, 1024), (3, 64, 896)])
+    waits = [op for op in kernel.walk() if op.name == "wgmma_wait" and not op.results]
+    kept = max(len(op.operands) for op in waits)
+    assert kept == (sparse_pass - 1) * 2  # the earlier steps' metadata words (2 a step) at the pass's end
 
 
 def test_a_sparse_step_left_in_flight_keeps_its_metadata_alive(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -398,6 +408,7 @@ def test_vstore_and_vector_concatenation() -> None:
     (dict(tile_m=264), "multiple of 8 up to 256"),
     (dict(stages=2), "at least 3"),
     (dict(tile_k=32), "tile_k=64"),
+    (dict(sparse_pass=3), "sparse_pass must be 1 or 2"),
 ])
 def test_schedule_errors(kw, words) -> None:
     with pytest.raises(ScheduleError, match=words):

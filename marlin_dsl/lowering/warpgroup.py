@@ -193,20 +193,31 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         # 2:4: a sparse wgmma reads its metadata register when it executes, not when issued
         # (seen on the H100: a warp that rewrote the register for its next step while its
         # wgmmas were still queued got those 16 rows wrong), and a rolled loop rewrites that
-        # register every step. So steps go in pairs: the first's wgmmas run on while the second
-        # is prepared (its metadata words, new values, live beside the first's, which the
-        # second's wait keeps alive), and the second retires both, before the loop goes round;
-        # an odd last step runs alone. The verifier holds sparse wgmmas to this.
-        def pair(p: Value, g: list[list[Value]]) -> list[Value]:
-            kv0 = self.op2("mul", p, 2, hint="kv")
-            first = step(kv0, g[0], g[1], g[2][0], 1, [])
-            carried, meta_mid, acc_mid = split(first)
-            return step(self.op2("add", kv0, 1, hint="kv"), carried, meta_mid, acc_mid, 0, g[1])
+        # register every step. So the loop takes `sparse_pass` steps a pass: each but the last
+        # leaves its wgmmas running while the next step is prepared (whose metadata words are
+        # new values, live beside the earlier steps', which the last step's wait keeps alive),
+        # and the last retires them all before the loop goes round; the steps left over run one
+        # at a time. The verifier holds sparse wgmmas to this.
+        per_pass = self.pipeline.sparse_pass
 
-        pairs = self.op2("div", self.steps, 2, hint="kp")
-        results = self.carried_for(0, pairs, 1, groups, pair, iv_hint="kp", hint="fin")
+        def one_pass(p: Value, g: list[list[Value]]) -> list[Value]:
+            kv0 = self.op2("mul", p, per_pass, hint="kv")
+            carried, meta_cur, acc_cur = g[0], g[1], g[2][0]
+            kept: list[Value] = []
+            for i in range(per_pass):
+                last = i == per_pass - 1
+                kv = self.op2("add", kv0, i, hint="kv") if i else kv0
+                out = step(kv, carried, meta_cur, acc_cur, 0 if last else 1, kept if last else [])
+                kept += meta_cur
+                carried, meta_cur, acc_cur = split(out)
+            return [*carried, *meta_cur, acc_cur]
+
+        passes = self.op2("div", self.steps, per_pass, hint="kp") if per_pass > 1 else self.steps
+        results = self.carried_for(0, passes, 1, groups, one_pass, iv_hint="kp", hint="fin")
+        if per_pass == 1:
+            return b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")
         carried, meta_last, acc_last = split(results)
-        results = self.carried_for(self.op2("mul", pairs, 2, hint="kv"), self.steps, 1,
+        results = self.carried_for(self.op2("mul", passes, per_pass, hint="kv"), self.steps, 1,
                                    [("pf", carried), ("sm", meta_last), ("acc", [acc_last])],
                                    lambda kv, g: step(kv, g[0], g[1], g[2][0], 0, []), iv_hint="kv", hint="fin")
         return b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")

@@ -37,6 +37,13 @@ class Warpgroup:
     #: (the A fragments themselves; a warp waits for its wgmmas before decoding the next step,
     #: since ptxas serialises a batch whose a registers may be overwritten before its wait)
     a_source: Literal["shared", "registers"] = "shared"
+    #: 2:4 formats, A in shared memory: K steps per loop pass, 1 or 2 (the sparse wgmma reads
+    #: its metadata register when it executes, so a pass retires all its steps' wgmmas before
+    #: the loop goes round, and only the steps before its last run on while the next is
+    #: prepared). Longer passes were tried: at 3 ptxas serialises the wgmmas (C7513), at 4 it
+    #: loaded a later step's words into a register a queued wgmma still read (its SASS, by
+    #: `bench/warpgroup_gpu.py prepare`'s scan)
+    sparse_pass: int = 2
     kind: Literal["warpgroup"] = "warpgroup"
 
     def validate(self, schedule: ScheduleShape) -> None:
@@ -47,6 +54,9 @@ class Warpgroup:
         if not is_positive_int(self.depth) or not 1 <= self.depth <= 4:
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup depth must be an integer "
                                 f"1..4, got {self.depth!r}", where)
+        if not is_positive_int(self.sparse_pass) or self.sparse_pass not in (1, 2):
+            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup sparse_pass must be 1 or 2 "
+                                f"(steps per loop pass of the sparse wgmma), got {self.sparse_pass!r}", where)
         if self.a_source not in ("shared", "registers"):
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup a_source must be 'shared' or "
                                 f"'registers', got {self.a_source!r}", where)
