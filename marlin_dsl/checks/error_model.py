@@ -5,17 +5,18 @@ from the same rounded X, so rounding X is no error), and three roundings:
 
 - the decoded weight w * scale (+ bias) rounded to the activation type, once where the decode
   runs in f32 or in exact f16 arithmetic, twice where an f16 bias is added in f16
-  (`decode_roundings`); kernels that apply the scale to f32 sums round no weight, and the
-  model then over-estimates their error by about sqrt(2), which the checks accept;
+  (`kernel_weights` repeats the kernel's decode arithmetic); kernels that apply the scale to
+  f32 sums round no weight, and the model then over-estimates their error by up to sqrt(2),
+  which the checks accept;
 - the f32 accumulation (each partial sum rounded: about sqrt(K / 6) * 2**-24 relative, tiny);
 - the output rounded once to the activation type.
 
 Each rounding to nearest is an error uniform in +-ulp/2, variance ulp**2 / 12, independent of
 every other for random normal inputs, so the variances add. Per output element (i, j):
 
-    var_ij = ulp(ref_ij)**2 / 12 + r * sum_k x_ik**2 d_kj**2 + acc_ij
+    var_ij = ulp(ref_ij)**2 / 12 + sum_k x_ik**2 d_kj**2 + acc_ij
 
-with d = round(w) - w the weight's realised rounding error (decoded codes times 16-bit scales
+with d = w_kernel - w the weight's realised decode error (decoded codes times 16-bit scales
 sit on a grid one or two bits finer than the type: exact, or a tie at ulp / 2), all computed
 from the data itself (no assumption on the weight distribution). Three checks follow:
 
@@ -83,17 +84,36 @@ def rounding_variance(values: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(exact, 0.0, np.square(ulp(values, dtype)) / 12.0)
 
 
-def decode_roundings(fmt: object, activation: str) -> int:
-    """How many times the kernel rounds a decoded weight to the activation type: twice where
-    an f16 bias is added in f16 arithmetic (group_params.compute_type), else once."""
-    from ..formats.scaling.affine import GroupAffine
+def kernel_weights(weights: object, activation: str) -> np.ndarray:
+    """The weights [K, N] as a kernel decodes them (float64): in f16 arithmetic where the
+    decode runs in f16 (`group_params.compute_type`: (t - zero) exact, times the scale rounded,
+    plus the bias rounded again: two roundings of which the first is of s * q, larger than
+    the weight where a bias cancels it), else exact and rounded once to the activation type.
+    A GPU may contract the multiply and add into one FMA: one rounding less, within the model."""
+    from ..formats.evaluate import dequantize
+    from ..formats.packing import unpack
+    from ..formats.tensors import PackedWeights
     from ..ir import ScalarType
     from ..lowering.group_params import compute_type
 
-    scaling = getattr(fmt, "scaling", None)
-    has_bias = isinstance(scaling, GroupAffine) and scaling.bias is not None
-    f16_decode = compute_type(fmt, ScalarType(activation)).name == "f16"  # type: ignore[arg-type]
-    return 2 if has_bias and f16_decode else 1
+    q = unpack(weights) if isinstance(weights, PackedWeights) else weights
+    fmt = q.format  # type: ignore[attr-defined]
+    if compute_type(fmt, ScalarType(activation)).name != "f16":  # type: ignore[arg-type]
+        return round_to(dequantize(q), activation)  # type: ignore[arg-type]
+    from ..formats.reference import _parameters_f64
+
+    k, n = q.codes.shape  # type: ignore[attr-defined]
+    g = fmt.group_size_for(k)
+    t = fmt.element.table()[q.codes].reshape(k // g, g, n)  # type: ignore[attr-defined]
+    a = fmt.scaling.affine(_parameters_f64(q))  # type: ignore[arg-type]
+    if a.zero is not None:
+        t = t - a.zero[:, None, :]
+    v = round_to(t * a.scale[:, None, :], "f16")
+    if a.bias is not None:
+        v = round_to(v + a.bias[:, None, :], "f16")
+    v = v.reshape(k, n)
+    keep = q.keep  # type: ignore[attr-defined]
+    return np.where(keep, v, 0.0) if keep is not None else v
 
 
 @dataclass(frozen=True)
@@ -106,14 +126,17 @@ class Prediction:
 
 
 def predict(x: np.ndarray, w: np.ndarray, ref: np.ndarray, activation: str,
-            weight_roundings: int = 1) -> Prediction:
-    """The error model for y = round(x @ round(w)) against ref = x @ w (float64)."""
+            w_kernel: np.ndarray | None = None) -> Prediction:
+    """The error model for y = round(x @ w_kernel) against ref = x @ w (float64), where
+    `w_kernel` is the weight as the kernel decodes it (`kernel_weights`; by default w rounded
+    once to the activation type)."""
     x2 = np.square(x)
     out_var = rounding_variance(ref, activation)
     # The weight's realised rounding error, not ulp**2 / 12: a decoded code times a 16-bit
     # scale has one or two bits more than the type, so it is exact or rounds at a tie (an
     # error of exactly ulp / 2), three times the uniform model's variance.
-    w_var = weight_roundings * (x2 @ np.square(round_to(w, activation) - w))
+    wk = round_to(w, activation) if w_kernel is None else w_kernel
+    w_var = x2 @ np.square(wk - w)
     k = max(w.shape[0], 1)
     acc_var = (k / 6.0) * 2.0 ** -48 * (x2 @ np.square(w))  # f32 partial sums, ~u**2 each
     variance = out_var + w_var + acc_var
@@ -179,16 +202,17 @@ class OutputCheck:
 
 
 def compare(y: np.ndarray, ref: np.ndarray, x: np.ndarray, w: np.ndarray, activation: str,
-            weight_roundings: int = 1) -> OutputCheck:
+            w_kernel: np.ndarray | None = None) -> OutputCheck:
     """Check kernel output `y` [M, N] against `ref` = x @ w (float64), where `x` [M, K] holds
-    the activations exactly as the kernel read them and `w` [K, N] the float64 weights."""
+    the activations exactly as the kernel read them, `w` [K, N] the float64 weights and
+    `w_kernel` the weights as the kernel decodes them (`kernel_weights`)."""
     y = np.asarray(y, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)
     untouched = int(np.isnan(y).sum())
     diff = np.where(np.isnan(y), 0.0, y) - ref
-    pred = predict(x, w, ref, activation, weight_roundings)
+    pred = predict(x, w, ref, activation, w_kernel)
     ref2 = float(np.square(ref).sum())
     n = max(ref.size, 1)
     ref_norm = float(np.sqrt(ref2))
@@ -209,4 +233,4 @@ def compare(y: np.ndarray, ref: np.ndarray, x: np.ndarray, w: np.ndarray, activa
 
 
 __all__ = ["BIAS_SIGMAS", "MAX_ELEMENT_FRACTION", "NORM_FACTOR", "NORM_SAMPLING", "OutputCheck",
-           "Prediction", "compare", "decode_roundings", "predict", "round_to", "rounding_variance", "ulp"]
+           "Prediction", "compare", "kernel_weights", "predict", "round_to", "rounding_variance", "ulp"]

@@ -10,11 +10,12 @@ import numpy as np
 from ..formats.evaluate import dequantize
 from ..formats.pack_weights import pack
 from ..formats.scaling import PER_COLUMN
+from ..formats.tensors import PackedWeights
 from ..ir import Kernel
 from ..ir.interpret import run_kernel
 from ..kernel_args import gemm_buffers, read_output
 from ..schedule import Gemm
-from .error_model import OutputCheck, compare, decode_roundings
+from .error_model import OutputCheck, compare, kernel_weights
 from .format_check import sample_weights
 
 #: An outer bound on the relative Frobenius error, kept for callers that have no inputs to
@@ -57,11 +58,11 @@ def check_shapes(gemm: Gemm) -> list[tuple[int, int, int]]:
     return [(1, n, k), (3, n, k), (65, n, k)]
 
 
-def check_output(gemm: Gemm, y: np.ndarray, x: np.ndarray, w: np.ndarray) -> OutputCheck:
-    """`y` [M, N] against x @ w under the error model of `gemm`'s format and activation;
-    `x` as the kernel read it (already rounded), `w` the float64 dequantised weight."""
-    ref = x @ w
-    return compare(y, ref, x, w, gemm.activation, decode_roundings(gemm.format, gemm.activation))
+def check_output(gemm: Gemm, y: np.ndarray, x: np.ndarray, packed: PackedWeights) -> OutputCheck:
+    """`y` [M, N] against the float64 reference x @ W under the error model of `gemm`'s format
+    and activation; `x` as the kernel read it (already rounded)."""
+    w = dequantize(packed)
+    return compare(y, x @ w, x, w, gemm.activation, kernel_weights(packed, gemm.activation))
 
 
 def check_kernel(gemm: Gemm, kernel: Kernel, shape: tuple[int, int, int], rng: np.random.Generator,
@@ -74,5 +75,5 @@ def check_kernel(gemm: Gemm, kernel: Kernel, shape: tuple[int, int, int], rng: n
     buffers, scalars = gemm_buffers(kernel, packed, x)
     out = execute(kernel, buffers, scalars)
     y = read_output(out, m, n).astype(np.float64)
-    res = check_output(gemm, y, buffers["x"].astype(np.float64).reshape(m, k), dequantize(packed))
+    res = check_output(gemm, y, buffers["x"].astype(np.float64).reshape(m, k), packed)
     return KernelCheck(shape, res.rel_error, res.tolerance, res.untouched, res)
