@@ -423,8 +423,21 @@ def summarize(rows: list[dict], cands: list[dict], args) -> None:
     failed = [c["name"] for c in cands if not c.get("ok", True)]
     (args.out / "decode_sweep.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%d"), "timer": args.timer, "device": device_name(),
+         "commit": git_commit(ROOT), "digests": {c["name"]: source_digest(c["source"]) for c in cands if "source" in c},
          "failed": failed, "kernels": [public(c) for c in cands], "rows": rows}, indent=1))
     print(f"\n{len(cands) - len(failed)}/{len(cands)} kernels correct; results in {args.out / 'decode_sweep.json'}")
+
+
+def git_commit(root: Path) -> str:
+    from marlin_dsl.benchmarks.provenance import git_commit as commit
+
+    return commit(root)
+
+
+def source_digest(source: object) -> str:
+    from marlin_dsl.benchmarks.provenance import source_digest as digest
+
+    return digest(source)
 
 
 def device_name() -> str:

@@ -137,7 +137,7 @@ def main() -> int:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
     parser.add_argument("--small", action="store_true", help="a tiny model, to try the script")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -194,12 +194,18 @@ def main() -> int:
                   + ", ".join(f"prefill {n} x{r[f'prefill_{n}_ms'] / ref[f'prefill_{n}_ms']:.2f}" for n in args.prefill))
     doc = {"device": mx.device_info() if hasattr(mx, "device_info") else str(mx.default_device()),
            "mlx": mx.__version__, "date": date.today().isoformat(), "python": platform.python_version(),
-           "commit": args.commit, "layers": args.layers, "decode_tokens": args.decode_tokens,
+           "commit": args.commit or _git_commit(), "layers": args.layers, "decode_tokens": args.decode_tokens,
            "rows": rows}
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "model_bench.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return 0
+
+
+def _git_commit() -> str:
+    from marlin_dsl.benchmarks.provenance import git_commit
+
+    return git_commit(Path(__file__).parent)
 
 
 if __name__ == "__main__":

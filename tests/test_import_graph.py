@@ -128,6 +128,8 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.compiler", "compiler"),
     ("marlin_dsl.emit", "emit"),
     ("marlin_dsl.checks.kernel_check", "emit"),
+    ("marlin_dsl.checks.error_model", "emit"),
+    ("marlin_dsl.checks.gpu_output", "emit"),  # the error model for outputs the bench scripts get  # the tolerances of kernel checks (reads compute_type)
     ("marlin_dsl.layers*", "layers"),
     ("marlin_dsl.nn", "layers"),
     ("marlin_dsl.activation*", "layers"),

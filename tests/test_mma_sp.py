@@ -46,36 +46,79 @@ NVCC = find_nvcc()
 
 # ----- target tables ----------------------------------------------------------------------------
 
+# Expected lane positions written by hand from the PTX ISA's fragment rules (quoted in the
+# docstring of marlin_dsl/targets/cuda/sparse_layout.py; g = lane >> 2, t = lane & 3), for a
+# few lanes, not computed by the module under test: the tables the packer, the lowering and
+# the interpreter all read must agree with these (issue 17: the old test compared the Target
+# tables with the functions that build them).
+#   A (compressed 16x16): reg0 = (g, 2t..2t+1), reg1 = (g+8, 2t..), reg2 = (g, 2t+8..), reg3 = (g+8, 2t+8..)
+HAND_A = {
+    0: [(0, 0), (0, 1), (8, 0), (8, 1), (0, 8), (0, 9), (8, 8), (8, 9)],
+    5: [(1, 2), (1, 3), (9, 2), (9, 3), (1, 10), (1, 11), (9, 10), (9, 11)],
+    31: [(7, 6), (7, 7), (15, 6), (15, 7), (7, 14), (7, 15), (15, 14), (15, 15)],
+}
+#   B (32x8, k x n): register r, half h of lane L = (k = 2t + 8r + h, n = g)
+HAND_B = {
+    0: [(0, 0), (1, 0), (8, 0), (9, 0), (16, 0), (17, 0), (24, 0), (25, 0)],
+    6: [(4, 1), (5, 1), (12, 1), (13, 1), (20, 1), (21, 1), (28, 1), (29, 1)],
+    31: [(6, 7), (7, 7), (14, 7), (15, 7), (22, 7), (23, 7), (30, 7), (31, 7)],
+}
+#   C / D (16x8 f32): c0, c1 = (g, 2t), (g, 2t+1); c2, c3 = (g+8, 2t), (g+8, 2t+1)
+HAND_C = {
+    0: [(0, 0), (0, 1), (8, 0), (8, 1)],
+    5: [(1, 2), (1, 3), (9, 2), (9, 3)],
+    31: [(7, 6), (7, 7), (15, 6), (15, 7)],
+}
+#   Metadata, selector F: lane 4g + 2F + h holds row g (bits 15:0) and row g + 8 (bits 31:16)
+#   of groups 4h .. 4h+3; group j's nibble at 16*(row >= 8) + 4*(j & 3), slot s 2 bits up.
+#   (selector, row, group, slot) -> (lane, bit offset)
+HAND_META = {
+    (0, 0, 0, 0): (0, 0), (0, 0, 0, 1): (0, 2), (0, 0, 5, 1): (1, 6), (0, 9, 2, 0): (4, 24),
+    (0, 15, 7, 1): (29, 30), (0, 3, 3, 1): (12, 14),
+    (1, 0, 0, 0): (2, 0), (1, 15, 7, 1): (31, 30), (1, 8, 4, 0): (3, 16), (1, 6, 6, 1): (27, 10),
+}
+
+
+def _pairs(table: tuple[np.ndarray, np.ndarray], lane: int) -> list[tuple[int, int]]:
+    return [(int(r), int(c)) for r, c in zip(table[0][lane], table[1][lane])]
+
+
 def test_target_sparse_shape_and_tables():
     assert CUDA.sparse_mma == (16, 8, 32)
     assert METAL.sparse_mma is None and METAL.sparse_metadata(0) is None
     assert METAL.lane_elements("b", 32, 8) is None
-    ks, ns = CUDA.lane_elements("b", 32, 8)
-    assert ks.shape == ns.shape == (32, 8)
-    ref_k, ref_n = sl.b_coords()
-    assert np.array_equal(ks, ref_k) and np.array_equal(ns, ref_n)
-    count = np.zeros((32, 8), int)
-    np.add.at(count, (ks.ravel(), ns.ravel()), 1)
-    assert np.all(count == 1)
-    for lane in range(32):  # lane L, element e = 2r + h: (k, n) = (2t + 8r + h, g)
-        g, t = lane >> 2, lane & 3
-        assert ks[lane].tolist() == [2 * t + 8 * (e >> 1) + (e & 1) for e in range(8)]
-        assert ns[lane].tolist() == [g] * 8
-    # the compressed A uses the dense A layout; C is the dense accumulator
-    assert all(np.array_equal(x, y) for x, y in zip(CUDA.lane_elements("a", 16, 16), sl.a_compressed_coords()))
-    assert all(np.array_equal(x, y) for x, y in zip(CUDA.lane_elements("c", 16, 8), sl.c_coords()))
+    b = CUDA.lane_elements("b", 32, 8)
+    a = CUDA.lane_elements("a", 16, 16)
+    c = CUDA.lane_elements("c", 16, 8)
+    assert b[0].shape == b[1].shape == (32, 8) and a[0].shape == (32, 8) and c[0].shape == (32, 4)
+    for lane, want in HAND_A.items():
+        assert _pairs(a, lane) == want, lane
+    for lane, want in HAND_B.items():
+        assert _pairs(b, lane) == want, lane
+    for lane, want in HAND_C.items():
+        assert _pairs(c, lane) == want, lane
+    # each table covers its tile exactly once
+    for (rows, cols), shape in ((a, (16, 16)), (b, (32, 8)), (c, (16, 8))):
+        count = np.zeros(shape, int)
+        np.add.at(count, (rows.ravel(), cols.ravel()), 1)
+        assert np.all(count == 1)
     # the dense B 16x8 is unchanged: the first two registers of the 32x8 one
     k16, n16 = CUDA.lane_elements("b", 16, 8)
-    assert k16.shape == (32, 4) and np.array_equal(k16, ks[:, :4]) and np.array_equal(n16, ns[:, :4])
+    assert k16.shape == (32, 4) and np.array_equal(k16, b[0][:, :4]) and np.array_equal(n16, b[1][:, :4])
 
 
 @pytest.mark.parametrize("selector", [0, 1])
 def test_target_sparse_metadata(selector):
     fields = CUDA.sparse_metadata(selector)
-    for got, want in zip(fields, sl.metadata_fields(selector)):
-        assert np.array_equal(got, want)
-    assert np.array_equal(fields.lanes, 4 * (fields.rows & 7) + 2 * selector + (fields.groups >> 2))
-    assert np.array_equal(fields.bit_offsets, 16 * (fields.rows >> 3) + 4 * (fields.groups & 3) + 2 * fields.slots)
+    where = {(int(r), int(j), int(s)): (int(lane), int(bit)) for lane, bit, r, j, s in
+             zip(fields.lanes, fields.bit_offsets, fields.rows, fields.groups, fields.slots)}
+    assert len(where) == 16 * 8 * 2  # every (row, group, slot) once
+    for (sel, row, group, slot), want in HAND_META.items():
+        if sel == selector:
+            assert where[(row, group, slot)] == want, (row, group, slot)
+    # only the selector's lane pair of each group of four is read; no bit is read twice
+    assert set(int(x) for x in fields.lanes) == {4 * g + 2 * selector + h for g in range(8) for h in (0, 1)}
+    assert len(set(where.values())) == len(where)
     with pytest.raises(ValueError):
         CUDA.sparse_metadata(2)
 

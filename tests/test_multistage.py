@@ -229,8 +229,17 @@ def test_stage_count_range(stages) -> None:
 
 
 def test_stage_count_limits_accepted() -> None:
+    """2 and 8 stages (the range's ends) are accepted, kept, and compile into kernels whose
+    shared memory holds that many stages: 8 stages take 4x the buffers of 2."""
+    fmt = md.builtin_format("fp4")
+    shared = {}
     for stages in (2, 8):
-        Schedule("ok", tile_m=32, tile_n=64, tile_k=64, warps_m=2, warps_n=2, pipeline=Multistage(stages))
+        sched = Schedule("ok", tile_m=32, tile_n=64, tile_k=64, warps_m=2, warps_n=2, pipeline=Multistage(stages))
+        assert sched.pipeline.stages == stages
+        kernel = compile_gemm(Gemm("ms_ok", fmt, sched, "f16"), CUDA).kernel
+        assert kernel.attrs["pipeline"] == "multistage"
+        shared[stages] = kernel.shared_bytes
+    assert shared[8] == 4 * shared[2] > 0
 
 
 def test_warp_m_rows_must_fill_mma_n() -> None:

@@ -54,6 +54,7 @@ from ..formats.builtin import BUILTIN_FORMATS
 from .cases import (DEFAULT_MS, DEFAULT_PIPELINES, DEFAULT_REPEATS, DEFAULT_SHAPES, DEFINITIONS, HOST_BOUND_FACTOR,
                     PIPELINES, REL_TOL, Measurement, Runner, Subject, kernel_label)
 from .mlx_runner import MLXRunner
+from .provenance import git_commit
 from .results import finish_doc, floor_bytes, floor_us, fmt_us, format_table, plot_bench, write_json
 from .timing import BATCH_LAUNCHES, BATCH_TARGET_S, MIN_BATCH_LAUNCHES, ROTATE_BYTES
 
@@ -110,6 +111,7 @@ def run_bench(formats: Sequence[str] | None = None, pipelines: Sequence[str] | N
     if runner is None:
         runner = MLXRunner(repeats=repeats, log=log)
     env = runner.environment()
+    env.setdefault("commit", git_commit())  # ties the numbers to the code (issue 17)
     log(f"environment: {json.dumps(env)}")
     bw = runner.copy_bandwidth()
     log(f"device-to-device copy bandwidth: {bw['bytes_per_s'] / 1e9:.0f} GB/s (bytes read + written)")

@@ -1,0 +1,39 @@
+"""What a result file records so that its numbers can be tied to the code that made them
+(issue 17): the commit of the checkout and a digest of each kernel's printed text."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def git_commit(where: Path | None = None) -> str:
+    """`git rev-parse HEAD` of the checkout holding `where` (default: this package), with
+    "-dirty" when tracked files differ from it; "unknown" outside a git checkout."""
+    cwd = where or _ROOT
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              check=False, timeout=10).stdout.strip()
+        if not head:
+            return "unknown"
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=cwd, capture_output=True,
+                               check=False, timeout=10).returncode == 1
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def source_digest(source: object) -> str:
+    """The digest of a printed kernel: `CudaSource.digest` (everything MLX compiles); for any
+    other source object, the sha256 of its text (`header` + `body`, or str())."""
+    digest = getattr(source, "digest", None)
+    if isinstance(digest, str):
+        return digest
+    import hashlib
+
+    text = getattr(source, "header", "") + "\0" + getattr(source, "body", str(source))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+__all__ = ["git_commit", "source_digest"]

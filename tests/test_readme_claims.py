@@ -1,0 +1,113 @@
+"""Issue 17: the headline numbers of README.md and bench/README.md are read from the committed
+result files under bench/results/ and must appear in the text as written (rounded as there).
+A re-run that changes a result file without the READMEs, or an edit of a number without a
+result behind it, fails here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+README = (ROOT / "README.md").read_text()
+BENCH_README = (ROOT / "bench" / "README.md").read_text()
+#: the issue's three shapes (K, N), in the order the READMEs list them
+SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
+
+
+def _load(rel: str) -> dict:
+    return json.loads((RESULTS / rel).read_text())
+
+
+def _slash(values, digits: int) -> str:
+    return "/".join(f"{v:.{digits}f}" for v in values)
+
+
+def _m2048(doc: dict, key: str) -> list[float]:
+    by_shape = {(t["K"], t["N"]): t for t in doc["times"] if t["M"] == 2048}
+    return [by_shape[s][key] for s in SHAPES]
+
+
+def test_decode_times_at_m1() -> None:
+    """README: fp4 at M = 1 (best tuned weight-stream kernel, Nsight Compute) and MLX 4-bit."""
+    rows = _load("issue15_h100_2026-11-25c/decode/decode_sweep.json")["rows"]
+
+    def best(subject: str, shape: tuple[int, int]) -> float:
+        return min(r["time_ns"] for r in rows if r["M"] == 1 and r["subject"] == subject
+                   and (r["K"], r["N"]) == shape) / 1e3
+
+    assert f"fp4 at M = 1 takes {_slash([best('fp4', s) for s in SHAPES], 1)} us" in README.replace("\n", " ")
+    assert f"MLX 4-bit {_slash([best('mlx_q4', s) for s in SHAPES], 1)}" in README.replace("\n", " ")
+
+
+def test_warpgroup_times_at_m2048() -> None:
+    """README: the tuned dense warpgroup kernel (256x128, 4 stages, depth 2) at M = 2048."""
+    doc = _load("issue15_h100_2026-11-25c/warpgroup_results.json")
+    ours = _m2048(doc, "wgs256x128s4d2_us")
+    fp16 = _m2048(doc, "fp16_us")
+    mlx4 = _m2048(doc, "mlx4_us")
+    text = README.replace("\n", " ")
+    assert f"the warpgroup kernels take {_slash(ours, 0)} us" in text
+    ratio = [f / o for f, o in zip(fp16, ours)]
+    assert f"{min(ratio):.2f}-{max(ratio):.2f}x fp16" in text
+    speedup = [m / o for m, o in zip(mlx4, ours)]
+    assert f"{min(speedup):.1f}-{max(speedup):.1f}x faster than MLX 4-bit" in text
+    assert all(c["ok"] for c in doc["checks"])
+
+
+def test_sparse_wgmma_times_at_m2048() -> None:
+    """README and bench/README "Issue 15, third round": fp4 2:4 on the sparse wgmma, the
+    tuned 128x128 s4 d2 schedule, in the run with each step retiring its sparse wgmmas."""
+    doc = _load("issue15_h100_2026-11-25d/sparse_wgmma/run4_pending0.json")
+    ours = _m2048(doc, "wgs128x128s4d2_us")
+    fp16 = _m2048(doc, "fp16_us")
+    text = README.replace("\n", " ")
+    assert f"{_slash(ours, 0)} us" in text
+    ratio = [f / o for f, o in zip(fp16, ours)]
+    assert f"{min(ratio):.2f}-{max(ratio):.2f}x fp16" in text
+    assert all(c["ok"] for c in doc["checks"])
+
+
+def test_model_prefill_and_decode() -> None:
+    """bench/README: the 32-layer Llama-3-8B-shaped model, prefill and decode times."""
+    rows = {r["variant"]: r for r in _load("issue15_h100_2026-11-25d/model_bench.json")["rows"]}
+    text = " ".join(BENCH_README.split())
+
+    def pf(v: str) -> str:
+        return f"{rows[v]['prefill_512_ms']:.1f} / {rows[v]['prefill_2048_ms']:.1f}"
+
+    assert f"fp4 2:4 {pf('fp4_2of4')} ms" in text
+    assert f"(fp4 {pf('fp4')}, mlx-lm 4-bit {pf('mlx_4bit_g64')}, fp16 {pf('fp16')})" in text
+    assert f"decode {rows['fp4_2of4']['decode_ms_per_token']:.2f} ms/token" in text
+
+
+def test_readme_model_speedups() -> None:
+    """README's model line: fp4 against mlx-lm's 4-bit layers, from the run in
+    issue15_h100_2026-11-25c/layers (prefill 512 / 2048 tokens, decode)."""
+    rows = {r["variant"]: r for r in _load("issue15_h100_2026-11-25c/layers/model_bench.json")["rows"]}
+    fp4, mlx4 = rows["fp4"], rows["mlx_4bit_g64"]
+    pre = [mlx4[f"prefill_{t}_ms"] / fp4[f"prefill_{t}_ms"] for t in (512, 2048)]
+    dec = mlx4["decode_ms_per_token"] / fp4["decode_ms_per_token"]
+    text = README.replace("\n", " ")
+    assert f"fp4 prefills 512/2048 tokens {pre[0]:.2f}x/{pre[1]:.2f}x faster" in text
+    assert f"decodes at {dec:.2f}x" in text
+
+
+def test_first_generation_bench_range() -> None:
+    """bench/README: the range of the correctness pipelines' first GPU benchmark."""
+    rows = [r for r in _load("gpu/bench_h100_2026-11-22/bench.json")["rows"]
+            if r["kind"] == "marlin" and r.get("kernel_us") is not None]
+    us = [r["kernel_us"] for r in rows]
+    vs = [r["vs_qmm"] for r in rows if r.get("vs_qmm") is not None]
+    want = f"{min(us):,.0f}-{max(us):,.0f} us, {min(vs):.2f}-{max(vs):.2f}x MLX"
+    assert want in " ".join(BENCH_README.split())
+
+
+@pytest.mark.parametrize("claim", ["2,268 GPU checks", "1.3-6x faster than MLX at M = 1-16",
+                                   "59-4,000 us", "0.25-0.67x"])
+def test_stale_claims_are_gone(claim: str) -> None:
+    """Claims issue 17 found wrong against their result files."""
+    for text in (README, BENCH_README):
+        assert claim not in " ".join(text.split())
