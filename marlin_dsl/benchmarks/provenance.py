@@ -9,8 +9,15 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_commit(where: Path | None = None) -> str:
-    """`git rev-parse HEAD` of the checkout holding `where` (default: this package), with
-    "-dirty" when tracked files differ from it; "unknown" outside a git checkout."""
+    """$MARLIN_COMMIT when set, else `git rev-parse HEAD` of the checkout holding `where`
+    (default: this package), with "-dirty" when tracked files differ from it; "unknown"
+    outside a git checkout. The variable is for copies whose .git is not the source's: the
+    lent GPU machine's copy of the working tree reported a commit two sessions old, so the
+    runs there pass the commit they were started from."""
+    import os
+
+    if os.environ.get("MARLIN_COMMIT"):
+        return os.environ["MARLIN_COMMIT"]
     cwd = where or _ROOT
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,

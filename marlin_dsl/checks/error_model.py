@@ -227,10 +227,13 @@ class OutputCheck:
 
 
 def compare(y: np.ndarray, ref: np.ndarray, x: np.ndarray, w: np.ndarray, activation: str,
-            w_kernel: np.ndarray | None = None) -> OutputCheck:
+            w_kernel: np.ndarray | None = None, accumulation_bias: float = 0.0) -> OutputCheck:
     """Check kernel output `y` [M, N] against `ref` = x @ w (float64), where `x` [M, K] holds
     the activations exactly as the kernel read them, `w` [K, N] the float64 weights and
-    `w_kernel` the weights as the kernel decodes them (`kernel_weights`)."""
+    `w_kernel` the weights as the kernel decodes them (`kernel_weights`).
+    `accumulation_bias`: how far toward zero the accumulator's own rounding may pull the
+    slope (0 for the interpreter and the CPU harnesses, which round f32 sums to nearest; a
+    GPU's tensor cores do not, `gpu_output.tensor_core_bias`)."""
     y = np.asarray(y, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
@@ -254,7 +257,7 @@ def compare(y: np.ndarray, ref: np.ndarray, x: np.ndarray, w: np.ndarray, activa
     worst = tuple(int(i) for i in np.unravel_index(flat, ref.shape)) if over.size else (0, 0)
     max_error = float(max(over.flat[flat], 0.0)) if over.size else 0.0
     margin = BIAS_SIGMAS * pred.slope_sigma
-    bias_range = (min(0.0, pred.weight_bias) - margin, max(0.0, pred.weight_bias) + margin)
+    bias_range = (min(0.0, pred.weight_bias) - margin - accumulation_bias, max(0.0, pred.weight_bias) + margin)
     return OutputCheck(rel, float(tol), pred.rel_error, bias, bias_range,
                        max_error, MAX_ELEMENT_FRACTION, worst, untouched)  # type: ignore[arg-type]
 
