@@ -33,7 +33,7 @@ from .parts.epilogues import KWarpReduce
 from .parts.registers import RegisterFetch
 from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily
-from ..layouts.weight_stream import LAYOUT_NAME
+from ..layouts.weight_stream import layout_name
 
 
 class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
@@ -88,7 +88,7 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
             shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m)],
-            attrs={"k_warps": p.k_warps, "weight_layout": LAYOUT_NAME},
+            attrs={"k_warps": p.k_warps, "weight_layout": layout_name(self.target)},
             memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)")
 
     def step(self, ks: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
@@ -99,7 +99,7 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
         parts = []
         for v, kv in enumerate(self.step_vectors(ks)):
             k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
-            runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
+            runs = [self.x_runs(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
             k_tile: dict[int, Value] = {}
 
             def b_frags_for(s_: int, k_vec0: Value = k_vec0, runs=runs, k_tile=k_tile) -> list[Value]:
