@@ -226,3 +226,81 @@ def test_tuned_schedule_by_m() -> None:
     tiles = {m: RUNTIME.tuned_schedule(fmt, m).tile_m for m in (1, 8, 9, 16, 17, 4096)}
     assert tiles == {1: 8, 8: 8, 9: 16, 16: 16, 17: 32, 4096: 32}
     assert RUNTIME.layer_layout(fmt, 256, 64) == STREAM_LAYOUT
+
+
+# ----- the launch through MLX (as far as Linux allows) ----------------------------------------
+
+@needs_gxx
+@pytest.mark.parametrize("name, m", [("fp4", 1), ("uint4_zp", 3), ("fp4", 40)])
+def test_quantized_linear_launches_the_stream_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                     name: str, m: int) -> None:
+    """quantized_linear(backend="metal") on Linux: mx.fast.metal_kernel is a stand-in that
+    checks what MLX would receive (the exact printed header and body of the tuned stream
+    kernel, its input and output names, the grid in threads and the threadgroup, the weights
+    in metal_lane_stream) and runs that text on the CPU harness."""
+    mx = pytest.importorskip("mlx.core")
+    import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.nn as mnn
+    from marlin_dsl.kernel_args import physical_arrays
+    from marlin_dsl.targets.metal.cpu_harness import compile_metal
+    from marlin_dsl.targets.metal.runtime import metal_launcher
+
+    monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path))
+    monkeypatch.setattr(mnn, "_metal_available", lambda: True)
+    metal_launcher.cache_clear()
+    dispatch.dispatch_for.cache_clear()
+    fmt = md.builtin_format(name)
+    k, n = 256, 136
+    rng = np.random.default_rng(5)
+    packed = md.pack(fmt, sample_weights(fmt, k, n, rng))
+    schedule = RUNTIME.tuned_schedule(fmt, m, k, n)
+    gemm_name = None
+    launches = []
+
+    def fake_metal_kernel(name, input_names, output_names, source, header):
+        nonlocal gemm_name
+        gemm_name = name
+        src = print_metal(compile_gemm(Gemm(name, fmt, schedule, "f16"), METAL).kernel)
+        assert (source, header) == (src.body, src.header)
+        assert list(input_names) == ["x", "qweight", *[b for b in src.input_names if b not in ("x", "qweight")]]
+        assert list(output_names) == ["y"]
+        cpu = compile_metal(src)
+
+        def launch(inputs, grid, threadgroup, output_shapes, output_dtypes, init_value=None):
+            buffers = {nm: np.array(a).ravel() for nm, a in zip(input_names, inputs)}
+            want = physical_arrays({"weight_layout": STREAM_LAYOUT, "target": "metal"}, packed)
+            for nm, array in want.items():  # the layer holds Metal's stream layout
+                np.testing.assert_array_equal(buffers[nm], np.ascontiguousarray(array).ravel(), err_msg=nm)
+            dims = [int(v) for v in buffers.pop("dims")]
+            launches.append((dims, grid, threadgroup, init_value))
+            for nm, shape in zip(output_names, output_shapes):
+                buffers[nm] = np.full(int(np.prod(shape)), np.nan, np.float16)
+            out = cpu.run(buffers, dict(zip(("M", "N", "K"), dims)), (grid[0] // threadgroup[0], grid[1], grid[2]))
+            return [mx.array(out[nm]).reshape(shape) for nm, shape in zip(output_names, output_shapes)]
+        return launch
+
+    monkeypatch.setattr(mx.fast, "metal_kernel", fake_metal_kernel)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    from marlin_dsl.nn import quantized_linear
+
+    y = quantized_linear(mx.array(x), packed, backend="metal")
+    expected = md.reference_matmul(x.astype(np.float64), packed)
+    rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
+    assert y.shape == (m, n) and rel < 2e-3
+    threads = 32 * schedule.warps_n * schedule.pipeline.k_warps
+    assert launches == [([m, n, k], (-(-n // schedule.tile_n) * threads, -(-m // schedule.tile_m), 1),
+                         (threads, 1, 1), None)]
+    assert schedule.name in gemm_name
+    # MarlinLinear holds the weight in Metal's stream layout and launches the same kernel
+    layer = mnn.MarlinLinear.from_packed(packed, backend="metal")
+    assert layer.layout == STREAM_LAYOUT
+    launches.clear()
+    y2 = layer(mx.array(x))
+    assert np.array_equal(np.array(y2), np.array(y)) and len(launches) == 1
+    back = layer.to_packed()  # the linear layout again, exactly
+    for nm, array in packed.arrays.items():
+        np.testing.assert_array_equal(back.arrays[nm], array, err_msg=nm)
+    manifests = list(tmp_path.rglob("manifest.json"))
+    assert manifests and '"weight_layout": "metal_lane_stream"' in manifests[0].read_text()
+    dispatch.dispatch_for.cache_clear()
+    metal_launcher.cache_clear()
