@@ -228,6 +228,20 @@ template <typename T> struct vec<T, 4> {
   const T& operator[](int i) const { return (&x)[i]; }
 };
 
+// Element-wise vector arithmetic (half2 / half4 decode): each element rounds as its scalar op.
+template <typename T, int N> inline vec<T, N> operator+(vec<T, N> a, const vec<T, N>& b) {
+  for (int i = 0; i < N; ++i) a[i] = T(a[i] + b[i]);
+  return a;
+}
+template <typename T, int N> inline vec<T, N> operator-(vec<T, N> a, const vec<T, N>& b) {
+  for (int i = 0; i < N; ++i) a[i] = T(a[i] - b[i]);
+  return a;
+}
+template <typename T, int N> inline vec<T, N> operator*(vec<T, N> a, const vec<T, N>& b) {
+  for (int i = 0; i < N; ++i) a[i] = T(a[i] * b[i]);
+  return a;
+}
+
 template <typename T, typename U> inline T as_type(const U& u) {
   static_assert(sizeof(T) == sizeof(U), "as_type between types of different sizes");
   T t;
@@ -252,6 +266,11 @@ inline half fma(half a, half b, half c) {
     if (!(u & 1)) s = std::nextafter(s, err > 0 ? INFINITY : -INFINITY);
   }
   return half(mtl_rt::f64_to_f32_odd(s));
+}
+
+template <typename T, int N> inline vec<T, N> fma(vec<T, N> a, const vec<T, N>& b, const vec<T, N>& c) {
+  for (int i = 0; i < N; ++i) a[i] = fma(a[i], b[i], c[i]);
+  return a;
 }
 
 enum class mem_flags : int { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };

@@ -2,6 +2,7 @@
 one kernel per pipeline kind of seed 002."""
 from marlin_dsl import (
     DoubleBuffered, FloatEncoding, Format, FusedDequant, Gemm, GroupScale, Schedule, StripedKParallel,
+    WeightStream,
 )
 
 E2M1 = FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1)
@@ -19,3 +20,10 @@ striped = Schedule("striped_64x64x32_p4", tile_m=64, tile_n=64, tile_k=32, warps
 fp4_db = Gemm("fp4_g128_db", fp4_g128, double_buffered)
 fp4_fused = Gemm("fp4_g128_fused", fp4_g128, fused)
 fp4_striped = Gemm("fp4_g128_striped", fp4_g128, striped)
+
+# Metal's small-M kernel (issue 16): the weight-stream pipeline on the simdgroup 8x8 lane
+# layout, weights re-laid out at pack time (metal_lane_stream), one 128-bit load per lane a
+# K step of 128 positions; the tuned schedule of `quantized_linear` for M <= 8.
+stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
+                    pipeline=WeightStream(k_warps=2))
+fp4_stream = Gemm("fp4_g128_stream", fp4_g128, stream_m8)

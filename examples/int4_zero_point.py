@@ -1,6 +1,6 @@
 """INT4 weights: unsigned codes with per-group integer zero points (GPTQ style), and signed
 codes stored as offset binary (stored = actual + 8) with symmetric scales (seed 002)."""
-from marlin_dsl import FusedDequant, Format, Gemm, GroupScale, IntEncoding, Schedule, ZeroPoint
+from marlin_dsl import FusedDequant, Format, Gemm, GroupScale, IntEncoding, Schedule, WeightStream, ZeroPoint
 
 uint4_zp_g128 = Format(
     "uint4_zp_g128",
@@ -21,3 +21,11 @@ fused = Schedule("fused_64x64x32", pipeline=FusedDequant())
 
 uint4_zp_fused = Gemm("uint4_zp_g128_fused", uint4_zp_g128, fused)
 int4_fused = Gemm("int4_g64_fused", int4_g64, fused)
+
+# Metal's small-M kernel (issue 16): the weight-stream pipeline on the simdgroup 8x8 lane
+# layout, weights re-laid out at pack time (metal_lane_stream), one 128-bit load per lane a
+# K step of 128 positions; the tuned schedule of `quantized_linear` for M <= 8.
+stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
+                    pipeline=WeightStream(k_warps=2))
+uint4_zp_stream = Gemm("uint4_zp_g128_stream", uint4_zp_g128, stream_m8)
+int4_stream = Gemm("int4_g64_stream", int4_g64, stream_m8)

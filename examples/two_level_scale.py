@@ -13,6 +13,7 @@ no code for it.
 """
 from marlin_dsl import (
     DoubleBuffered, FloatEncoding, Format, FusedDequant, Gemm, IntEncoding, Schedule, TwoLevelScale,
+    WeightStream,
 )
 
 int4_2l = Format(
@@ -35,3 +36,11 @@ double_buffered = Schedule("db_64x64x32", tile_m=64, tile_n=64, tile_k=32, warps
 
 int4_2l_fused = Gemm("int4_2level_g64_fused", int4_2l, fused)
 fp4_2l_db = Gemm("fp4_2level_g32_db", fp4_2l, double_buffered)
+
+# Metal's small-M kernel (issue 16): the weight-stream pipeline on the simdgroup 8x8 lane
+# layout, weights re-laid out at pack time (metal_lane_stream), one 128-bit load per lane a
+# K step of 128 positions; the tuned schedule of `quantized_linear` for M <= 8.
+stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
+                    pipeline=WeightStream(k_warps=2))
+int4_2l_stream = Gemm("int4_2level_g64_stream", int4_2l, stream_m8)
+fp4_2l_stream = Gemm("fp4_2level_g32_stream", fp4_2l, stream_m8)

@@ -39,15 +39,18 @@ def _table(headers: list[str], rows: list[list[str]], width: int = TABLE_WIDTH) 
         if not movable:
             break
         widths[max(movable, key=widths.__getitem__)] -= 1  # the widest narrows first
+    # Columns of unbreakable words (names, numbers) that still overflow: one space between them.
+    sep = "  " if sum(widths) + 2 * (len(widths) - 1) <= width else " "
+
     def lines(cells: list[str]) -> list[str]:
         wrapped = [textwrap.wrap(c, w, break_on_hyphens=False, break_long_words=False) or [""]
                    for c, w in zip(cells, widths)]
         out = []
         for i in range(max(len(w) for w in wrapped)):
-            out.append("  ".join((w[i] if i < len(w) else "").ljust(n) for w, n in zip(wrapped, widths)).rstrip())
+            out.append(sep.join((w[i] if i < len(w) else "").ljust(n) for w, n in zip(wrapped, widths)).rstrip())
         return out
     body = [line for r in rows for line in lines(r)]
-    return "\n".join([*lines(headers), "  ".join("-" * w for w in widths), *body])
+    return "\n".join([*lines(headers), sep.join("-" * w for w in widths), *body])
 
 
 def report_shape(fmt) -> tuple[int, int]:

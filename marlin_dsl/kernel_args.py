@@ -26,11 +26,12 @@ def physical_arrays(attrs: dict, packed: PackedWeights) -> dict[str, np.ndarray]
     layout = attrs.get("weight_layout")
     if layout is None or packed.layout == layout:  # already in the kernel's layout
         return dict(packed.arrays)
-    if layout != LAYOUT_NAME:
+    target = TARGETS[str(attrs["target"])]
+    if layout != LAYOUT_NAME and layout not in target.weight_layouts[:1]:
         raise ShapeError(f"kernel: unknown weight layout {layout!r}")
     # K is even here: the layout takes code widths dividing 16, whose K granule (32 / bits
     # codes per word) is even, so the kernel's pairs of activations never straddle a row.
-    return stream_arrays(packed.format, TARGETS[str(attrs["target"])], packed)
+    return stream_arrays(packed.format, target, packed)
 
 
 def to_kernel_layout(attrs: dict, packed: PackedWeights) -> PackedWeights:

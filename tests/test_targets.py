@@ -49,7 +49,8 @@ def test_emit_refuses_an_unregistered_target() -> None:
 
 def test_descriptions_are_data() -> None:
     """Lane tables and metadata tables are data on the description; callers get copies."""
-    assert METAL.lane_elements("a", 8, 8) is None and METAL.sparse_metadata(0) is None
+    assert METAL.lane_elements("a", 8, 8) is not None and METAL.sparse_metadata(0) is None
+    assert METAL.lane_elements("a", 16, 16) is None
     rows, cols = CUDA.lane_elements("a", 16, 16)
     rows[:] = -1
     assert (CUDA.lane_elements("a", 16, 16)[0] >= 0).all()
@@ -60,7 +61,7 @@ def test_descriptions_are_data() -> None:
     assert len(fields.lanes) == 256 and set(np.unique(fields.lanes) % 4) == {2, 3}
     assert (CUDA.shared_row_pad_bytes, CUDA.async_copy_bytes) == (16, 16)
     assert METAL.activation_layout == "row_major" and CUDA.activation_layout == "cuda_mma_sp"
-    assert reader_of("lane_stream") is CUDA
+    assert reader_of("lane_stream") is CUDA and reader_of("metal_lane_stream") is METAL
     with pytest.raises(CompileError, match="no target reads weight layout"):
         reader_of("nope")
 

@@ -251,10 +251,13 @@ def test_warps_m_must_be_one() -> None:
         Schedule("bad", tile_m=16, tile_n=16, tile_k=64, warps_m=2, warps_n=1, pipeline=WeightStream())
 
 
-def test_metal_declares_no_lane_layout() -> None:
+def test_target_without_lane_tables_is_refused() -> None:
+    """A target that keeps its MMA lanes opaque has no weight-stream layout (Metal declares
+    its simdgroup tables: tests/test_metal_stream.py)."""
     fmt = md.builtin_format("fp4")
-    with pytest.raises(ScheduleError, match="lane layout of metal's MMA A operand"):
-        compile_gemm(Gemm("ws_metal", fmt, small_schedule(fmt), "f16"), METAL)
+    opaque = dataclasses.replace(METAL, name="opaque", lane_tables={})
+    with pytest.raises(ScheduleError, match="lane layout of opaque's MMA A operand"):
+        stream_layout(fmt, opaque)
 
 
 def test_non_2of4_sparsity_is_refused() -> None:

@@ -2,8 +2,9 @@
 
 "linear" is the format's own layout (what `marlin_dsl.pack` writes, what files hold and what
 `validate` checks); a target may read another one, chosen at pack time (today the
-weight-stream layout `lane_stream`, layouts/weight_stream.py, made from the lane tables of the
-target that reads it: `Target.weight_layouts`). Layers convert once, when
+weight-stream layouts, CUDA's `lane_stream` and Metal's `metal_lane_stream`,
+layouts/weight_stream.py, each made from the lane tables of the target that reads it:
+`Target.weight_layouts`). Layers convert once, when
 weights arrive (construction, `from_*`, load), and convert back only to save or to hand the
 weight out (`to_packed`).
 """
@@ -16,11 +17,19 @@ import mlx.core as mx
 from ..errors import ShapeError
 from ..formats import Format
 from ..layouts.weight_stream import LAYOUT_NAME as LANE_STREAM
-from ..targets.base import reader_of
+from ..targets.base import TARGETS, Target, reader_of
 from .dispatch import LINEAR
 from .weight_stream_mx import linear_arrays_mx, stream_arrays_mx, stream_shapes
 
 Arrays = dict[str, mx.array]
+
+
+def _stream_target(layout: str) -> Target | None:
+    """The target whose weight-stream layout `layout` is (CUDA's `lane_stream`, Metal's
+    `metal_lane_stream`: each made from its own lane tables), or None."""
+    if any(layout in t.weight_layouts for t in TARGETS.values()):
+        return reader_of(layout)
+    return None
 
 
 def layout_shapes(fmt: Format, shape: tuple[int, int], layout: str) -> dict[str, tuple[int, ...]]:
@@ -29,17 +38,20 @@ def layout_shapes(fmt: Format, shape: tuple[int, int], layout: str) -> dict[str,
     linear = {spec.name: tuple(spec.shape) for spec in fmt.buffers(k, n)}
     if layout == LINEAR:
         return linear
-    if layout == LANE_STREAM:
-        return linear | stream_shapes(fmt, reader_of(LANE_STREAM), k, n)
-    raise ShapeError(f"layout: unknown weight layout {layout!r} (known: {LINEAR!r}, {LANE_STREAM!r})")
+    target = _stream_target(layout)
+    if target is not None:
+        return linear | stream_shapes(fmt, target, k, n)
+    known = [LINEAR, *(name for t in TARGETS.values() for name in t.weight_layouts)]
+    raise ShapeError(f"layout: unknown weight layout {layout!r} (known: {', '.join(map(repr, known))})")
 
 
 def to_layout(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array], layout: str) -> Arrays:
     """Linear-layout arrays -> `layout` (lazy MLX ops; arrays that do not change are shared)."""
     if layout == LINEAR:
         return dict(arrays)
-    if layout == LANE_STREAM:
-        return stream_arrays_mx(fmt, reader_of(LANE_STREAM), shape, arrays)
+    target = _stream_target(layout)
+    if target is not None:
+        return stream_arrays_mx(fmt, target, shape, arrays)
     raise ShapeError(f"layout: unknown weight layout {layout!r}")
 
 
@@ -47,8 +59,9 @@ def to_linear(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.array
     """`layout` arrays -> the linear layout: `to_layout`'s exact inverse."""
     if layout == LINEAR:
         return dict(arrays)
-    if layout == LANE_STREAM:
-        return linear_arrays_mx(fmt, reader_of(LANE_STREAM), shape, arrays)
+    target = _stream_target(layout)
+    if target is not None:
+        return linear_arrays_mx(fmt, target, shape, arrays)
     raise ShapeError(f"layout: unknown weight layout {layout!r}")
 
 

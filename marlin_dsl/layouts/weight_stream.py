@@ -46,8 +46,17 @@ from .bit_placement import BitPlacement, natural_placement, placement_for
 
 #: Words each lane loads at once (one 128-bit vector load).
 VECTOR_WORDS = 4
-#: The attribute value lowered kernels carry in `attrs["weight_layout"]`.
+#: The attribute value CUDA's lowered kernels carry in `attrs["weight_layout"]` (each target
+#: names its own stream layout: `layout_name`).
 LAYOUT_NAME = "lane_stream"
+
+
+def layout_name(target: Target) -> str:
+    """The name of `target`'s weight-stream layout (the first of `Target.weight_layouts`): one
+    logical format, a physical layout per target, made from that target's lane tables."""
+    if not target.weight_layouts:
+        raise ScheduleError(f"target {target.name!r} declares no weight-stream layout (Target.weight_layouts)")
+    return target.weight_layouts[0]
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,7 @@ def activation_permutation(b_k: np.ndarray, tiles: int, tile_k: int) -> tuple[np
 
     Returns (k_perm[chunk], lane_offset[lane]): the original offset of each MMA K position,
     and where each lane's run starts."""
+    b_k = distinct_k_rows(b_k)
     lanes, per_lane = b_k.shape
     classes = sorted({tuple(sorted(row)) for row in b_k.tolist()})
     q = np.array([classes.index(tuple(sorted(row))) for row in b_k.tolist()])
@@ -183,6 +193,16 @@ def activation_permutation(b_k: np.ndarray, tiles: int, tile_k: int) -> tuple[np
         k_perm[s * tile_k + b_k] = q[:, None] * run + s * per_lane + np.arange(per_lane)[None, :]
     assert (np.sort(k_perm) == np.arange(tiles * tile_k)).all(), "B lane table is not a partition"
     return k_perm, q * run
+
+
+def distinct_k_rows(b_k: np.ndarray) -> np.ndarray:
+    """Each lane's distinct K rows of the B lane table, in first-occurrence order: CUDA's B
+    elements are four different K rows; an element pair of Metal's 8x8 B shares its K row (the
+    pair runs along N), so a lane needs one activation per K row and M column it holds."""
+    rows = [list(dict.fromkeys(int(v) for v in lane)) for lane in b_k]
+    if len({len(r) for r in rows}) != 1:
+        raise ScheduleError("the target's B lane table gives lanes different numbers of K rows")
+    return np.array(rows, dtype=b_k.dtype)
 
 
 def _sparse_mma_ok(sp: NMSparsity, target: Target) -> bool:
@@ -222,7 +242,7 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
     # and not for 2:4 (its groups of 4 must stay groups of 4 for the sparse MMA).
     if sparse_target is None and b_table is not None and (g == "K" or int(g) % layout.chunk == 0):
         k_perm, run_start = activation_permutation(b_table[0], layout.tiles, mk)
-        layout = StreamLayout(bits, mm, mk, rows, cols, None, k_perm, layout.tiles * b_table[0].shape[1],
+        layout = StreamLayout(bits, mm, mk, rows, cols, None, k_perm, layout.tiles * distinct_k_rows(b_table[0]).shape[1],
                               tuple(int(v) for v in run_start), k_ratio, placement)
     if (VECTOR_WORDS * 32) % (layout.per_lane * bits):
         raise ScheduleError(f"format {fmt.name!r}: {bits}-bit codes of one lane's fragment do not "

@@ -33,7 +33,7 @@ from .parts.epilogues import KWarpReduce
 from .parts.registers import RegisterFetch
 from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily
-from ..layouts.weight_stream import LAYOUT_NAME
+from ..layouts.weight_stream import layout_name
 
 
 class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
@@ -88,8 +88,17 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
             shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m)],
-            attrs={"k_warps": p.k_warps, "weight_layout": LAYOUT_NAME},
+            attrs={"k_warps": p.k_warps, "weight_layout": layout_name(self.target)},
             memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)")
+
+    def tiles_per_group(self) -> int:
+        """K tiles of a vector that lie in one scale group: groups smaller than a vector that
+        cover whole tiles and start at tile boundaries of every vector (the vector's dense K,
+        a multiple of the group, keeps group starts in place). 1: load per tile."""
+        g, tile, chunk = self.fmt.scale.group_size, self.tile_k_dense, self.layout.dense_chunk
+        if g == "K" or int(g) % tile or chunk % int(g):
+            return 1
+        return int(g) // tile
 
     def step(self, ks: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
         """One K step (`vectors` consecutive K vectors): B fragments from device memory, A
@@ -99,7 +108,7 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
         parts = []
         for v, kv in enumerate(self.step_vectors(ks)):
             k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
-            runs = [self.x_run(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
+            runs = [self.x_runs(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
             k_tile: dict[int, Value] = {}
 
             def b_frags_for(s_: int, k_vec0: Value = k_vec0, runs=runs, k_tile=k_tile) -> list[Value]:
@@ -111,8 +120,16 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
             if v == 0:
                 first_k_tile = k_tile
 
+        loaded: dict[tuple[int, int], dict] = {}
+        share = self.tiles_per_group()
+
         def params_for(j: int, s_: int) -> dict:  # several vectors per step: prefetched (k_whole)
-            return params[j] if params is not None else self.row_params(j, first_k_tile[s_])
+            if params is not None:
+                return params[j]
+            first = s_ - s_ % share  # the tiles of one scale group share its parameters
+            if (j, first) not in loaded:
+                loaded[j, first] = self.row_params(j, first_k_tile[first])
+            return loaded[j, first]
 
         return self.mma_k_tiles(accs, *parts[0], params_for, more=parts[1:])
 

@@ -41,6 +41,10 @@ class Multistage:
         return schedule.warps_m * schedule.warps_n
 
     def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
+        if not target.async_copy_bytes:
+            raise ScheduleError(f"schedule {schedule.name!r}: multistage stages tiles with asynchronous "
+                                f"copies, which {target.name} does not have (Target.async_copy_bytes); "
+                                "use weight_stream", schedule.location)
         check_stream(schedule, self.kind, fmt, target)
 
 

@@ -91,8 +91,12 @@ class Target:
     #: the physical layout of a sparsified activation operand that the sparse MMA reads in
     #: fragment order (`layouts/sparse_activation.py`); None: the row-major layout
     sparse_activation_layout: str | None = None
-    #: physical weight layouts (other than the format's own) that the target's kernels read
+    #: physical weight layouts (other than the format's own) that the target's kernels read;
+    #: the first is its weight-stream layout (`layouts/weight_stream.py`, from `lane_tables`)
     weight_layouts: tuple[str, ...] = ()
+    #: the most elements one vector value (a `vload`) may have; None: no limit below the
+    #: lowering's own
+    max_vector_elems: int | None = None
     #: (m, max n, k) of the warpgroup MMA (`wgmma` op: `warpgroup_warps` warps issue one
     #: m x n x k product together, each warp its mma_m rows; A from registers in the MMA's A
     #: layout, B read from shared memory in `warpgroup_b_layout`, the accumulator of each warp

@@ -31,7 +31,8 @@ class RegisterFetch(GemmParts):
         if not self.clamped:
             return
         if self.x_perm:  # K, a multiple of the group, keeps every row's run aligned: one vload
-            self.x_vec = math.gcd(int(self.fmt.scale.group_size), self.layout.x_run, self.layout.dense_chunk)
+            self.x_vec = self.vector_cap(math.gcd(int(self.fmt.scale.group_size), self.layout.x_run,
+                                                  self.layout.dense_chunk))
         self.last_step = self.op2("sub", self.KS, 1, hint="lk")
         last_tile = self.op2("sub", self.NT, 1, hint="lt")
         self.fetch_tiles = [self.op2("min", nt, last_tile, hint="ntc") for nt in self.n_tiles]
@@ -108,10 +109,12 @@ class RegisterFetch(GemmParts):
         return b.value("vload", [idx] + ([pred] if pred is not None else []), VectorType(U32, VECTOR_WORDS),
                        {"buffer": "qweight", "size": VECTOR_WORDS}, hint="qw")
 
-    def x_row(self, mt: int, hint: str) -> tuple[Value | None, Value]:
-        """(this lane's activation row m < M, m * K) for M tile mt (m from the B lane table);
-        clamped: (None, min(m, M - 1) * K)."""
+    def x_row(self, mt: int, hint: str, col: int = 0) -> tuple[Value | None, Value]:
+        """(this lane's activation row m < M, m * K) for M tile mt and the lane's M column
+        offset `col` (m from the B lane table); clamped: (None, min(m, M - 1) * K)."""
         m = self.op2("add", self.op2("add", self.m0, mt * self.target.mma_n, hint="m"), self.b_n0, hint="m")
+        if col:
+            m = self.op2("add", m, col, hint="m")
         if self.clamped:
             return None, self.op2("mul", self.op2("min", m, self.last_m, hint="mc"), self.K, hint=hint)
         return self.op2("lt", m, self.M, hint="mok"), self.op2("mul", m, self.K, hint=hint)
@@ -127,6 +130,8 @@ class RegisterFetch(GemmParts):
         """The B fragment of X^T rows [k_tile0, +16), columns [m0 + 8 mt, +8): pairs of
         adjacent activations along K, masked by M and K (K is even: see kernel_args.physical_arrays)."""
         b = self.b
+        if not self.b_pairs_k:
+            return self.b_fragment_elements(k_tile0, mt)
         m_ok, row = self.x_row(mt, "xr")
         lane_k = self.op2("add", k_tile0, self.b_k0, hint="k")
         pairs = []
@@ -137,11 +142,32 @@ class RegisterFetch(GemmParts):
                                  VectorType(self.act, 2), {"buffer": "x", "size": 2}, hint="xp"))
         return b.value("frag_build", pairs, self.frag_b_stream, hint="fb")
 
-    def x_run(self, k_vec0: Value, mt: int) -> list[Value]:
-        """This lane's activations for the chunk at dense K k_vec0 and M tile mt, as vectors of
-        x_vec elements: original K [k_vec0 + x_run0, + x_run) of row m (zero outside M, K)."""
+    def b_fragment_elements(self, k_tile0: Value, mt: int) -> Value:
+        """The B fragment element by element (a target whose B pairs do not run along K, as
+        Metal's 8x8 pairs run along M): one activation load each, masked by M and K."""
         b = self.b
-        m_ok, row = self.x_row(mt, "xi")
+        rows = {col: self.x_row(mt, "xr", col) for col in self.b_n_cols}
+        lane_k = self.op2("add", k_tile0, self.b_k0, hint="k")
+        elems = []
+        for k_off, col in zip(self.b_k_off, self.b_n_off):
+            m_ok, row = rows[col]
+            k = self.op2("add", lane_k, k_off, hint="k") if k_off else lane_k
+            pred = self.x_pred(m_ok, k)
+            elems.append(b.load("x", self.op2("add", row, k, hint="xi"), self.act, pred, hint="xe"))
+        return b.value("frag_build", elems, self.frag_b_stream, hint="fb")
+
+    def x_runs(self, k_vec0: Value, mt: int) -> list[Value] | dict[int, list[Value]]:
+        """`x_run` of each M column offset the lane's B elements have (one: the run itself)."""
+        if len(self.b_n_cols) == 1 and self.b_n_cols[0] == 0:
+            return self.x_run(k_vec0, mt)
+        return {col: self.x_run(k_vec0, mt, col) for col in self.b_n_cols}
+
+    def x_run(self, k_vec0: Value, mt: int, col: int = 0) -> list[Value]:
+        """This lane's activations for the chunk at dense K k_vec0, M tile mt and M column
+        offset `col`, as vectors of x_vec elements: original K [k_vec0 + x_run0, + x_run) of
+        row m (zero outside M, K)."""
+        b = self.b
+        m_ok, row = self.x_row(mt, "xi", col)
         start = self.op2("add", k_vec0, self.x_run0, hint="xk")
         row = self.op2("add", row, start, hint="xi")
         out = []

@@ -56,7 +56,7 @@ class StreamFamily(GemmParts):
         self.x_perm = self.layout.k_perm is not None
         if self.x_perm:
             granule = self.fmt.k_granule & -self.fmt.k_granule  # largest power of two dividing it
-            self.x_vec = min(8, granule, self.layout.x_run)
+            self.x_vec = self.vector_cap(min(8, granule, self.layout.x_run))
         c_rows, _ = target.lane_elements("c", mm, mn)  # type: ignore[misc]
         self.c_row_base, self.c_row_off = lane_base_and_offsets(c_rows, "C row")
         #: multiply each group's MMA sums by its scale instead of every weight (`sums_scalable`);
@@ -74,11 +74,24 @@ class StreamFamily(GemmParts):
         self.clamped = False
         self.b_k_base, self.b_k_off = lane_base_and_offsets(b_k, "B k")
         self.b_n_base, self.b_n_off = lane_base_and_offsets(b_n, "B n")
-        pairs_ok = all(self.b_k_off[2 * i + 1] == self.b_k_off[2 * i] + 1 and
-                       self.b_n_off[2 * i + 1] == self.b_n_off[2 * i] for i in range(len(self.b_k_off) // 2))
-        if not pairs_ok or any(self.a_row_off[2 * i] != self.a_row_off[2 * i + 1] for i in range(len(self.a_row_off) // 2)):
-            raise CompileError("weight_stream: the target's fragments do not hold elements in "
+        #: B elements come in (adjacent K, same M column) pairs (CUDA): one 2-wide activation
+        #: load each; otherwise (Metal's 8x8 B pairs run along M) one load per element
+        self.b_pairs_k = len(self.b_k_off) % 2 == 0 and all(
+            self.b_k_off[2 * i + 1] == self.b_k_off[2 * i] + 1 and self.b_n_off[2 * i + 1] == self.b_n_off[2 * i]
+            for i in range(len(self.b_k_off) // 2))
+        #: a lane's distinct B K rows (first-occurrence order), each element's index among them,
+        #: and its distinct M columns: with the K shuffle a lane reads one run per M column
+        self.b_k_rows = tuple(dict.fromkeys(self.b_k_off))
+        self.b_k_index = tuple(self.b_k_rows.index(o) for o in self.b_k_off)
+        self.b_n_cols = tuple(dict.fromkeys(self.b_n_off))
+        if any(self.a_row_off[2 * i] != self.a_row_off[2 * i + 1] for i in range(len(self.a_row_off) // 2)):
+            raise CompileError("weight_stream: the target's A fragments do not hold elements in "
                                "(row, adjacent K) pairs")
+
+    def vector_cap(self, elems: int) -> int:
+        """`elems` capped at the target's widest vector (`Target.max_vector_elems`)."""
+        cap = self.target.max_vector_elems
+        return elems if cap is None else min(elems, cap)
 
 
     def sums_scalable(self) -> bool:
@@ -169,14 +182,17 @@ class StreamFamily(GemmParts):
             out[off] = params.load_at(group, n, self.N, pred)
         return out
 
-    def b_fragment_from_run(self, run: list[Value], tile: int) -> Value:
-        """Tile `tile`'s B fragment: elements tile*E .. tile*E + E-1 of the lane's run."""
+    def b_fragment_from_run(self, run: list[Value] | dict[int, list[Value]], tile: int) -> Value:
+        """Tile `tile`'s B fragment: element e is K row tile*R + (its row's index among the
+        lane's R distinct rows) of the run of its M column (`run`: one run, or one per M
+        column offset of the lane's elements)."""
         b = self.b
-        per = len(self.b_k_off)
+        runs = run if isinstance(run, dict) else {0: run}
+        rows = len(self.b_k_rows)
         elems = []
-        for e in range(per):
-            pos = tile * per + e
-            vec = run[pos // self.x_vec]
+        for e in range(len(self.b_k_off)):
+            pos = tile * rows + self.b_k_index[e]
+            vec = runs[self.b_n_off[e]][pos // self.x_vec]
             elems.append(vec if self.x_vec == 1 else
                          b.value("extract", [vec], self.act, {"index": pos % self.x_vec}, hint="xe"))
         return b.value("frag_build", elems, self.frag_b_stream, hint="fb")

@@ -241,10 +241,15 @@ class _Printer(CPrinter):
     def op_vload(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         buf, elem = self.memory(str(op.attrs["buffer"]))
-        size = int(op.attrs["size"])
         vt = metal_type(op.result.type)
-        parts = [f"{buf}[{ops[0]}]"] + [f"{buf}[{ops[0]} + {i}u]" for i in range(1, size)]
-        access = f"{vt}({', '.join(parts)})"
+        # One vector load (a uint4 is 128 bits): the IR's index is a multiple of the size, so
+        # the address is aligned to the vector as Metal requires.
+        if buf in self.shared:
+            size = int(op.attrs["size"])
+            parts = [f"{buf}[{ops[0]}]"] + [f"{buf}[{ops[0]} + {i}u]" for i in range(1, size)]
+            access = f"{vt}({', '.join(parts)})"
+        else:
+            access = f"*reinterpret_cast<const device {vt}*>({buf} + {ops[0]})"
         if len(ops) > 1:
             access = f"{ops[1]} ? {access} : {vt}({metal_type(elem)}(0))"
         self.declare(depth, op.result, access)
@@ -252,6 +257,42 @@ class _Printer(CPrinter):
     def op_extract(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         self.declare(depth, op.result, f"{ops[0]}[{int(op.attrs['index'])}]")
+
+    def op_vec(self, op: Op, depth: int) -> None:
+        """A vector from scalars (or shorter vectors, concatenated element by element)."""
+        parts = []
+        for v, ref in zip(op.operands, self.refs(op)):
+            if isinstance(v.type, VectorType):
+                parts += [f"{ref}[{i}]" for i in range(v.type.size)]
+            else:
+                parts.append(ref)
+        self.declare(depth, op.result, f"{metal_type(op.result.type)}({', '.join(parts)})")
+
+    def op_frag_build(self, op: Op, depth: int) -> None:
+        """A simdgroup matrix from this lane's two elements (`thread_elements()`, the lane
+        table of description.py: MLX's BlockMMA fills its fragments the same way)."""
+        elems = []
+        for v, ref in zip(op.operands, self.refs(op)):
+            if isinstance(v.type, VectorType):
+                elems += [f"{ref}[{i}]" for i in range(v.type.size)]
+            else:
+                elems.append(ref)
+        if len(elems) != 2:
+            raise CompileError(f"metal: kernel {self.k.name}: frag_build of {op.result.type} takes a "
+                               f"lane's 2 elements, got {len(elems)}")
+        name = self.define(op.result)
+        self.emit(depth, f"{metal_type(op.result.type)} {name};")
+        for i, e in enumerate(elems):
+            self.emit(depth, f"{name}.thread_elements()[{i}] = {e};")
+
+    def op_frag_elems(self, op: Op, depth: int) -> None:
+        """This lane's two elements of a simdgroup matrix, in `thread_elements()` order."""
+        ops = self.refs(op)
+        t = op.result.type
+        if not isinstance(t, VectorType) or t.size != 2:
+            raise CompileError(f"metal: kernel {self.k.name}: frag_elems gives a lane's 2 elements, not {t}")
+        ref = f"{ops[0]}.thread_elements()"
+        self.declare(depth, op.result, f"{metal_type(t)}({ref}[0], {ref}[1])")
 
     def op_store(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
@@ -317,9 +358,10 @@ class _Printer(CPrinter):
         self.emit(depth, f"{metal_type(op.result.type)} {name};")
         self.emit(depth, f"simdgroup_multiply_accumulate({name}, {ops[0]}, {ops[1]}, {ops[2]});")
 
-    #: Metal's legal ops: the shared C-family entries and these. Missing on purpose: `vec`,
-    #: `frag_build` and `frag_elems` (a simdgroup matrix's lane elements are not addressable
-    #: portably), the async copies and `mma_sp` (no such hardware).
+    #: Metal's legal ops: the shared C-family entries and these. `frag_build` / `frag_elems`
+    #: address a lane's elements through `thread_elements()` with the ownership of the target's
+    #: lane tables (description.py). Missing on purpose: the async copies and `mma_sp` (no such
+    #: hardware).
     EMITTERS = {
         **CPrinter.EMITTERS,
         "const": op_const,
@@ -329,6 +371,7 @@ class _Printer(CPrinter):
         "load": op_load, "vload": op_vload, "extract": op_extract, "store": op_store, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         "frag_zero": op_frag_zero, "frag_load": op_frag_load, "frag_store": op_frag_store, "mma": op_mma,
+        "vec": op_vec, "frag_build": op_frag_build, "frag_elems": op_frag_elems,
     }
 
     def type_name(self, t: Type) -> str:

@@ -3,9 +3,11 @@ file and a generated launcher (`ship.py`), the CLI checks the shipped text on th
 and layers launch kernels compiled on first use for `quantized_linear`: the same compiler path
 as `marlin-dsl compile` (lower, passes, print, write the launcher), cached on disk by a hash of
 the format and tool version, and launched through the generated launcher module. The benchmark
-runner times a kernel through its generated launcher too (`ShippedKernel`). Metal has no tuned
-schedules, and launching kernels other than GEMMs (the activation kernels) is not wired: no Apple
-GPU to check it on; those kernels are checked on the CPU harness."""
+runner times a kernel through its generated launcher too (`ShippedKernel`). Layers run the
+tuned weight-stream kernels (`tuning.py`) on weights held in Metal's stream layout where the
+format takes it, else the format's default kernel on its own layout. Launching kernels other
+than GEMMs (the activation kernels) is not wired: no Apple GPU to check it on; those kernels
+are checked on the CPU harness."""
 from __future__ import annotations
 
 import hashlib
@@ -26,9 +28,10 @@ from ...ir.core import Kernel
 from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .cpu_harness import CompiledMetal, compile_metal, find_compiler
-from .description import METAL
+from .description import METAL, STREAM_LAYOUT
 from .launch import MetalGemm, build_metal_kernel
 from .printer import DIMS_NAME, print_metal
+from .tuning import tuned_schedule as metal_tuned_schedule
 from .ship import metal_text, write_metal_kernel
 
 
@@ -39,18 +42,31 @@ def _cache_root() -> Path:
 
 
 @lru_cache(maxsize=None)
-def metal_launcher(fmt: Format, activation: str) -> ModuleType:
-    """The generated launcher module of the default kernel for (format, activation)."""
+def metal_launcher(fmt: Format, activation: str, schedule: Schedule | None = None) -> ModuleType:
+    """The generated launcher module of (format, activation, schedule): the format's default
+    kernel where `schedule` is None."""
     from ... import __version__
 
-    key = hashlib.sha256(f"{__version__}\0{activation}\0{format_to_text(fmt)}".encode()).hexdigest()[:16]
-    name = f"{fmt.name}_{activation}_{key}"
+    text = f"{__version__}\0{activation}\0{format_to_text(fmt)}"
+    if schedule is not None:  # the default kernel's key (and cache folder) stays as it was
+        text += f"\0{schedule!r}"
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    name = f"{fmt.name}_{activation}_{key}" if schedule is None else f"{fmt.name}_{activation}_{schedule.name}_{key}"
     folder = _cache_root() / "metal" / name
     launcher = folder / name / f"{name}.py"
     if not launcher.exists():
-        compiled = compile_gemm(Gemm(name, fmt, default_schedule(fmt), activation), METAL)
+        compiled = compile_gemm(Gemm(name, fmt, schedule or default_schedule(fmt), activation), METAL)
         write_metal_kernel(compiled, None, folder)
     return _load_module(f"marlin_dsl_metal_{name}", launcher)
+
+
+def stream_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule | None:
+    """The tuned weight-stream schedule, or None where the stream layout does not take the
+    format (it keeps its own layout and the default kernel)."""
+    try:
+        return metal_tuned_schedule(fmt, m, k, n)
+    except ScheduleError:
+        return None
 
 
 def _load_module(name: str, path: Path) -> ModuleType:
@@ -67,19 +83,24 @@ class ShippedKernel:
     layout, one call of the launcher per launch. Untested here: no Apple GPU on the machines
     this was written on."""
 
-    weights_key = "metal"  # Metal kernels read the format's own layout
-
     def __init__(self, compiled: CompiledGemm) -> None:
         folder = Path(tempfile.mkdtemp(prefix="marlin_bench_"))
         files = write_metal_kernel(compiled, None, folder)
         self.module = _load_module(f"marlin_bench_{compiled.gemm.name}", files["launcher"])
+        self.attrs = dict(compiled.kernel.attrs)
+        #: kernels of one physical layout share weight copies (the format's own, or the stream's)
+        self.weights_key = f"metal/{self.attrs.get('weight_layout') or 'linear'}"
 
     def weight_copies(self, packed: Any, count: int) -> list[list]:
-        """`count` device copies of the packed arrays the launcher takes, evaluated."""
+        """`count` device copies of the packed arrays the launcher takes (in the kernel's
+        physical layout), evaluated."""
         import mlx.core as mx
 
+        from ...kernel_args import physical_arrays
+
+        arrays = physical_arrays(self.attrs, packed)
         names = [nm for nm in self.module.INPUT_NAMES if nm not in ("x", DIMS_NAME)]
-        copies = [[mx.array(np.ascontiguousarray(packed.arrays[nm])) for nm in names] for _ in range(count)]
+        copies = [[mx.array(np.ascontiguousarray(arrays[nm])) for nm in names] for _ in range(count)]
         mx.eval(*[a for c in copies for a in c])
         return copies
 
@@ -117,8 +138,9 @@ class MetalRuntime:
     kernel_launcher = None  # not wired: the activation kernels are checked on the CPU harness
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
-        raise ScheduleError("metal: no tuned schedules (the weight-stream pipeline is tuned for CUDA); "
-                            "give a Schedule with its pipeline and tiles")
+        """The weight-stream schedule for m rows (`tuning.py`); ScheduleError for a format the
+        stream layout does not take."""
+        return metal_tuned_schedule(fmt, m, k, n)
 
     def timed_kernel(self, compiled: CompiledGemm) -> ShippedKernel:
         """The kernel through its generated launcher, as users call it."""
@@ -137,14 +159,19 @@ class MetalRuntime:
         return build_metal_kernel(kernel)
 
     def layer_layout(self, fmt: Format, k: int, n: int) -> str | None:
-        return None  # the Metal kernels read the format's own layout
+        """Metal's weight-stream layout where the format has one (the tuned kernels read it at
+        every M), else the format's own layout (the default fused kernel)."""
+        return STREAM_LAYOUT if stream_schedule(fmt, 1, k, n) is not None else None
 
     def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel:
-        """The format's default kernel, through its generated launcher module."""
-        module = metal_launcher(fmt, activation)
+        """The tuned weight-stream kernel for m rows where the format takes the stream layout,
+        else the format's default kernel, through its generated launcher module."""
+        schedule = stream_schedule(fmt, m, k, n)
+        module = metal_launcher(fmt, activation, schedule)
         gx, gy, gz = module.threadgroups(m, n, k)
         return LayerKernel(module.kernel(), module.NAME, tuple(module.INPUT_NAMES), tuple(module.OUTPUT_NAMES),
-                           (m, n, k), (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1), None)
+                           (m, n, k), (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1),
+                           None if schedule is None else STREAM_LAYOUT)
 
 
 RUNTIME = MetalRuntime()

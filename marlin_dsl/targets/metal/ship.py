@@ -17,6 +17,7 @@ from ...formats import Format
 from ...formats.scaling import PER_COLUMN
 from ...formats.text import format_to_text
 from ...ir.text import print_kernel
+from ...layouts.weight_stream import VECTOR_WORDS, stream_layout
 
 HEADER_BEGIN = "// ---- marlin-dsl: header begin ----\n"
 HEADER_END = "// ---- marlin-dsl: header end ----\n"
@@ -62,6 +63,16 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
         shapes["partials"] = (f"[ceil(M/{s.tile_m}) * ceil(N/{s.tile_n}) * "
                               f"{kernel.attrs['parallel']} * {s.tile_m * s.tile_n}]")
         shapes["counters"] = f"[ceil(M/{s.tile_m}) * ceil(N/{s.tile_n})]"
+    layout = kernel.attrs.get("weight_layout")
+    extra = {}
+    if layout is not None:  # qweight re-laid out at pack time (layouts/weight_stream.py)
+        stream = stream_layout(fmt, compiled.target)
+        shapes["qweight"] = (f"[ceil(N/{stream.tile_rows}) * ceil(K/{stream.dense_chunk}) * "
+                             f"{stream.lanes * VECTOR_WORDS}]")
+        extra = {"weight_layout": layout,
+                 "weights": ("qweight in the kernel's layout: marlin_dsl.kernel_args.to_kernel_layout("
+                             f"{{'weight_layout': {layout!r}, 'target': {compiled.target.name!r}}}, "
+                             "marlin_dsl.pack(format, w)); the other arrays as packed")}
     return {
         "tool": "marlin-dsl",
         "version": _version(),
@@ -89,6 +100,7 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
         "inputs": [{"name": n, "dtype": src.dtypes[n], "shape": shapes[n]} for n in src.input_names],
         "outputs": [{"name": n, "dtype": src.dtypes[n], "shape": shapes[n]} for n in src.output_names],
         "passes": compiled.stages[1:],
+        **extra,
     }
 
 
