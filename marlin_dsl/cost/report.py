@@ -28,9 +28,9 @@ Cost model, read from each kernel's IR after the passes (docs/COST_MODEL.md). Pe
 M: activation rows assumed (the tile's tile_m unless --cost-m). B/w: bytes per weight the
   threadgroup needs from device memory = weights (codes, scales, zero points, metadata: their
   storage) + act (M x 2 bytes / tile_n); req: bytes per weight the loop's loads ask for, every
-  thread's repeats included. tgmem:
-  threadgroup memory bytes; regs: most 32-bit values live at once in the loop (estimate);
-  bar/step: threadgroup barriers per K step (+ simdgroup barriers after '+')."""
+  thread's repeats included. tgmem: threadgroup memory bytes; regs: most 32-bit values live
+  at once in the loop (estimate); bar/step: threadgroup barriers per K step (+ simdgroup
+  barriers after '+')."""
 
 
 def _num(x: float) -> str:
