@@ -46,7 +46,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ...ir.core import Kernel
-from .cpu_harness_buffers import CudaCPUError, GuardedBuffer
+from .cpu_harness_buffers import CudaCPUError, GuardedBuffer, guarded_buffer
 from .launch import gemm_inout_inputs
 from .print_shared import DYNAMIC_SHARED_NAME
 from .printer import print_cuda
@@ -190,11 +190,11 @@ class CompiledCudaCPU:
         src = self.source
         elem = src.elems[name]
         if name == "dims":
-            return GuardedBuffer(name, elem, src.dims(sizes), guard, poison=False)
+            return guarded_buffer(name, elem, src.dims(sizes), guard, poison=False)
         if name not in buffers:
             raise CudaCPUError(f"kernel {src.name}: buffer {name} not given (have {sorted(buffers)})", "input")
         poison = name in src.output_names and src.access.get(name) != "readwrite"
-        return GuardedBuffer(name, elem, buffers[name], guard, poison=poison)
+        return guarded_buffer(name, elem, buffers[name], guard, poison=poison)
 
 
 _LIBS: dict[Path, ctypes.CDLL] = {}

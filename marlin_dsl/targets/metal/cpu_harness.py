@@ -46,6 +46,7 @@ import numpy as np
 
 from .printer import DIMS_NAME, MetalSource, print_metal
 from ...errors import MarlinDSLError
+from ..harness_buffers import GuardedBuffer
 from ...ir.core import Kernel
 
 __all__ = ["CompiledMetal", "MetalCPUError", "compile_many", "compile_metal", "find_compiler",
@@ -178,7 +179,7 @@ class CompiledMetal:
             grid = tuple(d.evaluate(sizes) for d in src.grid)
         gx, gy, gz = (int(v) for v in grid)
         threads = src.threads if threads is None else int(threads)
-        arrays: list[_Guarded] = []
+        arrays: list[GuardedBuffer] = []
         for name in src.input_names:
             if name == DIMS_NAME:
                 data = src.dims(sizes)
@@ -186,16 +187,16 @@ class CompiledMetal:
                 raise MetalCPUError(f"buffer {name} not given (have {sorted(buffers)})", "input")
             else:
                 data = buffers[name]
-            arrays.append(_Guarded(name, src.dtypes[name], data, guard, poison=False))
+            arrays.append(_guarded(name, src.dtypes[name], data, guard, poison=False))
         for name in src.output_names:
             if src.access.get(name) == "readwrite":
                 if name not in buffers:
                     raise MetalCPUError(f"readwrite buffer {name} not given", "input")
-                arrays.append(_Guarded(name, src.dtypes[name], buffers[name], guard, poison=False))
+                arrays.append(_guarded(name, src.dtypes[name], buffers[name], guard, poison=False))
             else:
                 if name not in buffers:
                     raise MetalCPUError(f"output buffer {name} not given (its size is taken from it)", "input")
-                arrays.append(_Guarded(name, src.dtypes[name], buffers[name], guard, poison=True))
+                arrays.append(_guarded(name, src.dtypes[name], buffers[name], guard, poison=True))
         if 0 in (gx, gy, gz):
             return {a.name: a.result() for a in arrays[len(src.input_names):]}
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.pointer() for a in arrays])
@@ -225,51 +226,10 @@ class CompiledMetal:
         return "".join(shown) + f"\n  (compiled text: {self.path.with_suffix('.cpp')})"
 
 
-class _Guarded:
-    """A flat buffer between two guard regions of 0xFF bytes."""
-
-    def __init__(self, name: str, dtype: str, data: np.ndarray, guard: int, poison: bool) -> None:
-        self.name, self.dtype, self.guard = name, dtype, guard
-        storage = np.dtype(_STORAGE[dtype])
-        flat = np.asarray(data).reshape(-1)
-        self.n = flat.size
-        self.raw = np.full((2 * guard + self.n) * storage.itemsize + 64, 0xFF, dtype=np.uint8)
-        # align the payload to 64 bytes
-        start = (-self.raw.ctypes.data) % 64
-        self.buf = self.raw[start:start + (2 * guard + self.n) * storage.itemsize].view(storage)
-        self.before = self.buf[:guard].tobytes()
-        if not poison:
-            self.buf[guard:guard + self.n] = _to_storage(flat, dtype, name)
-
-    def pointer(self) -> int:
-        return self.buf.ctypes.data + self.guard * self.buf.itemsize
-
-    def check_guards(self, kernel: str) -> None:
-        g, n = self.guard, self.n
-        for label, region, offset in (("before", self.buf[:g], -g), ("after", self.buf[g + n:], n)):
-            raw = region.view(np.uint8).reshape(len(region), region.itemsize)
-            bad = np.nonzero((raw != 0xFF).any(axis=1))[0]
-            if len(bad):
-                raise MetalCPUError(f"kernel {kernel}: wrote outside buffer {self.name} (size {n}): "
-                                    f"{len(bad)} element(s) {label} it, first at index {int(bad[0]) + offset}",
-                                    "guard")
-
-    def result(self) -> np.ndarray:
-        payload = self.buf[self.guard:self.guard + self.n]
-        if self.dtype == "bfloat16_t":
-            return (payload.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return payload.copy()
-
-
-def _to_storage(flat: np.ndarray, dtype: str, name: str) -> np.ndarray:
-    if dtype == "bfloat16_t":
-        from ...ir.numerics import round_to_activation
-        bits = round_to_activation(flat.astype(np.float32), "bf16").view(np.uint32) >> np.uint32(16)
-        return bits.astype(np.uint16)
-    storage = np.dtype(_STORAGE[dtype])
-    if flat.dtype != storage and storage.kind in "iub" and not np.array_equal(flat.astype(storage), flat):
-        raise MetalCPUError(f"buffer {name}: values do not fit in {dtype}", "input")
-    return flat.astype(storage)
+def _guarded(name: str, dtype: str, data: np.ndarray, guard: int, poison: bool) -> GuardedBuffer:
+    """A guarded host buffer (`targets/harness_buffers.py`) of Metal type `dtype`, aligned to 64 bytes."""
+    return GuardedBuffer(name, np.dtype(_STORAGE[dtype]), data, guard, poison, bf16=dtype == "bfloat16_t",
+                         error=MetalCPUError, align=64, what=dtype)
 
 
 _LIBS: dict[Path, ctypes.CDLL] = {}
