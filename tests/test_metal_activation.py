@@ -18,11 +18,11 @@ mx = pytest.importorskip("mlx.core")
 import marlin_dsl.nn as mnn  # noqa: E402
 from marlin_dsl.activation import kernels, ops  # noqa: E402
 from marlin_dsl.activation.reference import mvue_key, operand_shape, sparsify_reference  # noqa: E402
-from marlin_dsl.activation.spec import SparsifySpec  # noqa: E402
+from marlin_dsl.activation.spec import METHODS, SparsifySpec  # noqa: E402
 from marlin_dsl.ir.numerics import round_to_activation  # noqa: E402
 from marlin_dsl.layouts.sparse_activation import ActivationLayout  # noqa: E402
 from marlin_dsl.lowering.sparsify import THREADS, launch_scalars, lower_sparsify  # noqa: E402
-from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler  # noqa: E402
+from marlin_dsl.targets.metal.cpu_harness import compile_many, compile_metal, find_compiler  # noqa: E402
 from marlin_dsl.targets.metal.printer import print_metal  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -36,7 +36,9 @@ SPECS = [SparsifySpec("top2", 1, "f16"), SparsifySpec("top2", 0, "bf16", True, T
 #: rows and columns that are not multiples of 4, 16 or 32
 SHAPES = [(5, 7), (33, 70), (67, 9)]
 _MX = {"f16": mx.float16, "bf16": mx.bfloat16}
-_NP_OUT = {"uint32": np.uint32}
+#: every spec a launch may name (the sparse FFN's too), by kernel name
+_BY_NAME = {s.name: s for s in (SparsifySpec(m, a, d, r, st) for m in METHODS for a in (0, 1)
+                                for d in ("f16", "bf16") for r in (False, True) for st in (False, True))}
 
 
 def _x(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
@@ -66,10 +68,12 @@ def metal(monkeypatch: pytest.MonkeyPatch, compiled: dict[str, Any]) -> list[dic
     launches: list[dict] = []
 
     def fake_metal_kernel(name, input_names, output_names, source, header, **kw):  # noqa: ANN001, ANN202
-        src = print_metal(lower_sparsify(next(s for s in SPECS if s.name == name), "metal"))
+        src = print_metal(lower_sparsify(_BY_NAME[name], "metal"))
         assert (source, header) == (src.body, src.header)  # exactly the printed text
         assert (list(input_names), list(output_names)) == (src.input_names, src.output_names)
         assert not kw  # no template, no atomic outputs: the printer casts colz to atomic_uint
+        if name not in compiled:  # a spec outside SPECS (the sparse FFN's)
+            compiled[name] = compile_metal(src)
         cpu = compiled[name]
 
         def launch(inputs, grid, threadgroup, output_shapes, output_dtypes, init_value=None,  # noqa: ANN001, ANN202
@@ -167,6 +171,32 @@ def test_auto_resolves_to_metal_on_an_apple_gpu(metal: list[dict]) -> None:
     assert s.backend == "metal" and metal and metal[-1]["name"] == spec.name
     y = ops.sparse_matmul(s, mx.ones((7, 3), dtype=mx.float16))
     assert tuple(y.shape) == (5, 3)
+
+
+def test_sparse_ffn_on_metal_equals_mlx_ops(metal: list[dict]) -> None:
+    """The sparse FFN's forward and gradients (the split dW2 included) on the metal backend
+    equal the MLX-ops backend's bit for bit: the same selections, the same products."""
+    from marlin_dsl.activation.ffn import sparse_ffn
+
+    rng = np.random.default_rng(4)
+    dims, hidden, tokens = 24, 40, 9
+    x, w1, w2 = (mx.array(rng.normal(size=s).astype(np.float32) * 0.5).astype(mx.float16)
+                 for s in ((tokens, dims), (hidden, dims), (dims, hidden)))
+
+    def run(backend: str) -> list[np.ndarray]:
+        def loss(x_: Any, w1_: Any, w2_: Any) -> Any:
+            y = sparse_ffn(x_, w1_, None, w2_, None, method="mvue", seed=5, split_fraction=0.8,
+                           backend=backend)
+            return (y.astype(mx.float32) ** 2).sum()
+        value, grads = mx.value_and_grad(loss, argnums=(0, 1, 2))(x, w1, w2)
+        return [_f32(a) for a in (value, *grads)]
+
+    got, want = run("metal"), run("mlx")
+    # the forward's fused ReLU^2 + statistics kernel and the split dW2's kernel down the tokens
+    assert {launch["name"] for launch in metal} == {"relu2_stats_sparsify_mvue_axis1_f16",
+                                                    "sparsify_mvue_axis0_f16"}
+    for g, w in zip(got, want):
+        assert np.array_equal(g.view(np.uint32), w.view(np.uint32))
 
 
 def test_metal_launch_refuses_inout_inputs() -> None:
