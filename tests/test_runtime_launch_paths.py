@@ -77,13 +77,15 @@ def test_bench_runner_times_cuda_kernels_through_the_runtime(monkeypatch: pytest
     assert list(copies) == [gemm.weights_key] and gemm.weights_key.startswith("cuda/")
 
 
-def test_activation_kernels_launch_through_the_runtime(stand_in: list[dict]) -> None:
-    assert kernels.SUPPORTED_TARGETS == ("cuda",)
+def test_activation_kernels_launch_through_the_runtime(stand_in: list[dict],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(kernels.SUPPORTED_TARGETS) == {"cuda", "metal"}  # Metal: tests/test_metal_activation.py
     spec = SparsifySpec("top2")
     x = mx.ones((8, 64), dtype=mx.float16)
     s = kernels.sparsify(x, spec, 0, "cuda")
     assert s.backend == "cuda" and stand_in[-1]["inputs"][0] == "x"
     y = kernels.sparse_matmul(s, mx.ones((64, 8), dtype=mx.float16))
     assert tuple(y.shape) == (8, 8) and stand_in[-1]["inputs"][:3] == ["values", "meta", "bp"]
+    monkeypatch.setattr(kernels, "SUPPORTED_TARGETS", ("cuda",))  # a runtime that launches none
     with pytest.raises(SparsifyError, match="launch on cuda only"):
         kernels.sparsify(x, spec, 0, "metal")

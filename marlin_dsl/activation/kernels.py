@@ -1,16 +1,18 @@
 """The kernel backends of `activation.ops`: the sparsify and sparse-GEMM kernels lowered from
-IR for a target and launched through its runtime (`TargetRuntime.kernel_launcher`, e.g.
-`mx.fast.cuda_kernel`).
+IR for a target and launched through its runtime (`TargetRuntime.kernel_launcher`:
+`mx.fast.cuda_kernel` on CUDA, `mx.fast.metal_kernel` on Metal).
 
 Same interface as the "mlx" backend (`ops._MLXBackend`): `sparsify(x, spec, seed, target)` and
 `sparse_matmul(s, b)`. The weights-side B operand is converted to the GEMM's fragment layout
 with MLX ops (pad, reshape, one gather derived from the target's lane table) on every call, so
 B may be an activation (a weight gradient's dY) as well as a weight.
 
-Targets whose runtime launches no kernel but GEMMs (Metal: the kernels print and are verified
-on the Metal CPU harness, `tests/test_sparsify_kernels.py`, but launching them through
-`mx.fast.metal_kernel` is not wired, there is no Apple GPU here to check it on) are not in
-SUPPORTED_TARGETS: that backend raises and "auto" falls back to MLX ops.
+A target with no sparse MMA (Metal) has no sparse-GEMM kernel (`sparse_gemm.has_sparse_gemm`):
+there `sparse_matmul` decodes the kernel-written values and metadata with MLX ops
+(`BoundLayout.decode_mx`) and multiplies with `mx.matmul`, a dense product on MLX ops (seed
+000's software scatter as a Metal kernel is future work). On Metal the sparsify kernels are
+checked on the CPU harness and the launch with a stand-in `mx.fast.metal_kernel`
+(tests/test_metal_activation.py); no Apple GPU has run them here.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import numpy as np
 from ..targets.base import KernelLaunch
 from ..targets.runtimes import RUNTIMES, runtime_for
 from ..ir import Kernel
-from ..lowering.sparse_gemm import b_lane_order, lower_sparse_gemm
+from ..lowering.sparse_gemm import b_lane_order, has_sparse_gemm, lower_sparse_gemm
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
 from .operand import SparseActivation
@@ -135,10 +137,13 @@ def pack_b_mx(b: mx.array, target: str) -> mx.array:
 
 
 def sparse_matmul(s: Any, b: mx.array, *, init_value: float | None = None) -> mx.array:
-    """C = S @ B [P, N] on the sparse tensor cores."""
+    """C = S @ B [P, N] on the sparse tensor cores; on a target without them (Metal), S decoded
+    with MLX ops and a dense `mx.matmul` (see the module docstring)."""
     layout: ActivationLayout = s.layout.layout
     if b.dtype != _MX_DTYPE[s.spec.dtype]:
         b = b.astype(_MX_DTYPE[s.spec.dtype])
+    if not has_sparse_gemm(s.backend):
+        return mx.matmul(s.dense_operand(), b)
     n = int(b.shape[1])
     scalars = {"P": layout.p, "N": n, "KT": layout.k_tiles, "PAIRS": layout.pp // 32, "NT": -(-n // 8)}
     got = _gemm_launch(s.spec.dtype, s.backend)({"values": s.values, "meta": s.metadata,

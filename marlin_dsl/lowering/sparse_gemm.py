@@ -48,9 +48,14 @@ def pack_b(b: np.ndarray, target: str = "cuda") -> np.ndarray:
     return tiles[:, :, ks, ns]                                       # [KT, NT, lane, e]
 
 
+def has_sparse_gemm(target: str) -> bool:
+    """Whether this GEMM lowers for `target`: it needs the m16n8k32 sparse MMA (Metal has no
+    sparse MMA; its activation-sparse product runs on MLX ops, `activation/kernels.py`)."""
+    return TARGETS[target].sparse_mma == (16, 8, 32)
+
+
 def lower_sparse_gemm(dtype: str, target: str = "cuda") -> Kernel:
-    t = TARGETS[target]
-    if t.sparse_mma != (16, 8, 32):
+    if not has_sparse_gemm(target):
         raise CompileError(f"{target}: no m16n8k32 sparse MMA; the sparse activation GEMM needs one")
     return _Lowering(dtype, target).lower()
 

@@ -12,7 +12,11 @@ dispatch_threads), from `MetalSource.launch_dims`.
 
 Importing this module needs only numpy and the printer; MLX is imported when a kernel is
 launched (there is no Apple GPU in this project's test machines: the launch is exercised with a
-stand-in for `mx.fast.metal_kernel`)."""
+stand-in for `mx.fast.metal_kernel`).
+
+`MetalLaunch` binds any printed kernel (the activation sparsify kernels) the same way
+(`TargetRuntime.kernel_launcher`): both go through `launch_source`, which builds the `dims`
+input, the grid and threadgroup and the output dtypes from the `MetalSource`."""
 from __future__ import annotations
 
 from typing import Any
@@ -23,7 +27,7 @@ from ...errors import ShapeError
 from ...ir.core import Kernel
 from .printer import DIMS_NAME, MetalSource, print_metal
 
-__all__ = ["MetalGemm", "build_metal_kernel"]
+__all__ = ["MetalGemm", "MetalLaunch", "build_metal_kernel", "launch_source"]
 
 #: MLX dtype names of the printed kernels' buffer types (`MetalSource.dtypes`).
 _MX_DTYPE = {"float16_t": "float16", "bfloat16_t": "bfloat16", "float": "float32", "uint32_t": "uint32",
@@ -75,24 +79,64 @@ class MetalGemm:
         if x.dtype != act:
             x = x.astype(act)
         scalars = {"M": m, "N": n, "K": k}
-        inputs = []
+        inputs = {"x": x}  # dims: launch_source builds it from the scalars
         for name in s.input_names:
-            if name == "x":
-                inputs.append(x)
-            elif name == DIMS_NAME:
-                inputs.append(mx.array(s.dims(scalars)))
-            elif name not in arrays:
+            if name in ("x", DIMS_NAME):
+                continue
+            if name not in arrays:
                 raise ShapeError(f"weights: no array {name!r} (kernel {s.name} reads it)")
-            else:
-                inputs.append(mx.array(np.ascontiguousarray(arrays[name]).ravel())
-                              if isinstance(arrays[name], np.ndarray) else arrays[name].reshape(-1))
+            inputs[name] = (mx.array(np.ascontiguousarray(arrays[name]).ravel())
+                            if isinstance(arrays[name], np.ndarray) else arrays[name].reshape(-1))
         sizes = self.sizes(m, n, k)
-        grid, threadgroup = s.launch_dims(scalars)
-        outs = self.kernel(inputs=inputs, grid=grid, threadgroup=threadgroup,
-                           output_shapes=[(m, n) if name == "y" else (sizes[name],) for name in s.output_names],
-                           output_dtypes=[getattr(mx, _MX_DTYPE[s.dtypes[name]]) for name in s.output_names],
-                           init_value=0)
-        return outs[s.output_names.index("y")]
+        shapes = {name: (m, n) if name == "y" else (sizes[name],) for name in s.output_names}
+        outs = launch_source(s, self.kernel, inputs, shapes, scalars, init_value=0)
+        return outs["y"]
+
+
+def launch_source(source: MetalSource, kernel: Any, arrays: dict[str, Any],
+                  out_shapes: dict[str, tuple[int, ...]], scalars: dict[str, int],
+                  init_value: float | None = None) -> dict[str, Any]:
+    """One launch of `kernel` (`source.mlx_kernel()`): inputs in `source.input_names` order
+    (`dims` built from `scalars` unless `arrays` has it), grid and threadgroup from the
+    kernel's `GridDim`s, outputs in their printed dtypes; returns the outputs by name. MLX
+    allocates every output (readwrite buffers included) and fills it with `init_value`."""
+    mx = _mx()
+    missing = [n for n in source.input_names if n not in arrays and n != DIMS_NAME]
+    if missing:
+        raise ShapeError(f"kernel {source.name}: no input array for {missing}")
+    inputs = [arrays[n] if n in arrays else mx.array(source.dims(scalars)) for n in source.input_names]
+    grid, threadgroup = source.launch_dims(scalars)
+    outs = kernel(inputs=inputs, grid=grid, threadgroup=threadgroup,
+                  output_shapes=[tuple(out_shapes[n]) for n in source.output_names],
+                  output_dtypes=[getattr(mx, _MX_DTYPE[source.dtypes[n]]) for n in source.output_names],
+                  init_value=init_value)
+    return dict(zip(source.output_names, outs))
+
+
+class MetalLaunch:
+    """Any printed kernel bound to `mx.fast.metal_kernel` (the `KernelLaunch` protocol of
+    targets/base.py): called with the input arrays by name, the output shapes by name, the
+    launch scalars and the outputs' fill value; returns the outputs by name."""
+
+    def __init__(self, kernel: Kernel, inout_inputs: tuple[str, ...] = ()) -> None:
+        if inout_inputs:
+            # MLX allocates a Metal kernel's outputs; the printer makes every readwrite buffer
+            # an output (filled by init_value), so there is no zeroed-input convention here.
+            raise ShapeError(f"metal: kernel {kernel.name}: readwrite buffers are outputs on Metal, "
+                             f"not inputs ({list(inout_inputs)})")
+        self.source: MetalSource = print_metal(kernel)
+        self._kernel = None
+
+    @property
+    def kernel(self) -> Any:
+        """The `mx.fast.metal_kernel` object (created on first use)."""
+        if self._kernel is None:
+            self._kernel = self.source.mlx_kernel()
+        return self._kernel
+
+    def __call__(self, arrays: dict[str, Any], out_shapes: dict[str, tuple[int, ...]],
+                 scalars: dict[str, int], init_value: float | None = None) -> dict[str, Any]:
+        return launch_source(self.source, self.kernel, arrays, out_shapes, scalars, init_value)
 
 
 def build_metal_kernel(kernel: Kernel) -> MetalGemm:

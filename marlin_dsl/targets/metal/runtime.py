@@ -5,9 +5,10 @@ as `marlin-dsl compile` (lower, passes, print, write the launcher), cached on di
 the format and tool version, and launched through the generated launcher module. The benchmark
 runner times a kernel through its generated launcher too (`ShippedKernel`). Layers run the
 tuned weight-stream kernels (`tuning.py`) on weights held in Metal's stream layout where the
-format takes it, else the format's default kernel on its own layout. Launching kernels other
-than GEMMs (the activation kernels) is not wired: no Apple GPU to check it on; those kernels
-are checked on the CPU harness."""
+format takes it, else the format's default kernel on its own layout. Any other kernel (the
+activation sparsify kernels) launches through `kernel_launcher` (`launch.MetalLaunch`, the
+GEMMs' `mx.fast.metal_kernel` path); with no Apple GPU here, its text is checked on the CPU
+harness and the launch with a stand-in for `mx.fast.metal_kernel` (tests/test_metal_activation.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,7 @@ from ...schedule import Gemm, Schedule, default_schedule
 from ..base import LayerKernel, Shipped, Target
 from .cpu_harness import CompiledMetal, compile_metal, find_compiler
 from .description import METAL, STREAM_LAYOUT
-from .launch import MetalGemm, build_metal_kernel
+from .launch import MetalGemm, MetalLaunch, build_metal_kernel
 from .printer import DIMS_NAME, print_metal
 from .tuning import tuned_schedule as metal_tuned_schedule
 from .ship import metal_text, write_metal_kernel
@@ -135,7 +136,7 @@ class MetalRuntime:
 
     target: Target = METAL
     native_check = CpuHarnessCheck()
-    kernel_launcher = None  # not wired: the activation kernels are checked on the CPU harness
+    kernel_launcher = MetalLaunch  # any kernel through mx.fast.metal_kernel (the activation kernels)
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
         """The weight-stream schedule for m rows (`tuning.py`); ScheduleError for a format the
