@@ -116,6 +116,7 @@ def prepare(out_dir: Path) -> int:
     from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
     from marlin_dsl.targets.cuda.nvcc import find_nvcc
     from marlin_dsl.targets.cuda.printer import print_cuda
+    from marlin_dsl.layouts.weight_stream import stream_layout
 
     nvcc = find_nvcc()
     if nvcc is None:
@@ -140,7 +141,7 @@ def prepare(out_dir: Path) -> int:
             regs = [ln.strip() for ln in res.stderr.splitlines() if "registers" in ln or "C75" in ln]
             entry["ptxas"] = regs
             cuobjdump = shutil.which("cuobjdump")
-            if cuobjdump and "_2of4" in fmt.name:
+            if cuobjdump and stream_layout(fmt, md.CUDA).sparse:  # kernels with the sparse wgmma
                 sass = subprocess.run([cuobjdump, "-sass", str(out_dir / f"{name}.cubin")],
                                       capture_output=True, text=True).stdout
                 hazards = sparse_meta_hazards(sass)

@@ -25,6 +25,7 @@ from marlin_dsl.ir import (BF16, F16, F32, I32, U8, U16, U32, Block, BufferParam
 from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.lowering.pipelines import lower_gemm
 from marlin_dsl.kernel_args import gemm_buffers, read_output
+from marlin_dsl.checks.error_model import compare, kernel_weights
 from marlin_dsl.checks.format_check import sample_weights
 
 needs_gxx = pytest.mark.skipif(
@@ -253,8 +254,6 @@ def _problem(kernel: Kernel, M: int, K: int, N: int, seed: int):
 def _model_check(kernel: Kernel, y: np.ndarray, bufs: dict, packed, M: int, K: int):
     """The error model's checks (issue 17: norm from the roundings, bias, worst element) of
     the harness output, as check_kernel applies them to the interpreter's."""
-    from marlin_dsl.checks.error_model import compare, kernel_weights
-
     act = str(kernel.attrs.get("activation", "f16"))
     x = bufs["x"].reshape(M, K).astype(np.float64)
     w = md.dequantize(packed)

@@ -2,6 +2,8 @@
 (issue 17): the commit of the checkout and a digest of each kernel's printed text."""
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,8 +16,6 @@ def git_commit(where: Path | None = None) -> str:
     outside a git checkout. The variable is for copies whose .git is not the source's: the
     lent GPU machine's copy of the working tree reported a commit two sessions old, so the
     runs there pass the commit they were started from."""
-    import os
-
     if os.environ.get("MARLIN_COMMIT"):
         return os.environ["MARLIN_COMMIT"]
     cwd = where or _ROOT
@@ -37,8 +37,6 @@ def source_digest(source: object) -> str:
     digest = getattr(source, "digest", None)
     if isinstance(digest, str):
         return digest
-    import hashlib
-
     text = getattr(source, "header", "") + "\0" + getattr(source, "body", str(source))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -41,6 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.evaluate import dequantize
+from ..formats.packing import unpack
+from ..formats.reference import parameters_f64
+from ..formats.tensors import PackedWeights, QuantizedWeights
+from ..ir import ScalarType
+from ..lowering.group_params import compute_type
+
 #: (mantissa bits, smallest normal exponent) of the types a kernel rounds to.
 _FLOAT = {"f16": (10, -14), "bf16": (7, -126), "f32": (23, -126)}
 
@@ -86,35 +93,27 @@ def rounding_variance(values: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(exact, 0.0, np.square(ulp(values, dtype)) / 12.0)
 
 
-def kernel_weights(weights: object, activation: str) -> np.ndarray:
+def kernel_weights(weights: PackedWeights | QuantizedWeights, activation: str) -> np.ndarray:
     """The weights [K, N] as a kernel decodes them (float64): in f16 arithmetic where the
     decode runs in f16 (`group_params.compute_type`: (t - zero) exact, times the scale rounded,
     plus the bias rounded again: two roundings of which the first is of s * q, larger than
     the weight where a bias cancels it), else exact and rounded once to the activation type.
     A GPU may contract the multiply and add into one FMA: one rounding less, within the model."""
-    from ..formats.evaluate import dequantize
-    from ..formats.packing import unpack
-    from ..formats.tensors import PackedWeights
-    from ..ir import ScalarType
-    from ..lowering.group_params import compute_type
-
     q = unpack(weights) if isinstance(weights, PackedWeights) else weights
-    fmt = q.format  # type: ignore[attr-defined]
+    fmt = q.format
     if compute_type(fmt, ScalarType(activation)).name != "f16":  # type: ignore[arg-type]
-        return round_to(dequantize(q), activation)  # type: ignore[arg-type]
-    from ..formats.reference import _parameters_f64
-
-    k, n = q.codes.shape  # type: ignore[attr-defined]
+        return round_to(dequantize(q), activation)
+    k, n = q.codes.shape
     g = fmt.group_size_for(k)
-    t = fmt.element.table()[q.codes].reshape(k // g, g, n)  # type: ignore[attr-defined]
-    a = fmt.scaling.affine(_parameters_f64(q))  # type: ignore[arg-type]
+    t = fmt.element.table()[q.codes].reshape(k // g, g, n)
+    a = fmt.scaling.affine(parameters_f64(q))
     if a.zero is not None:
         t = t - a.zero[:, None, :]
     v = round_to(t * a.scale[:, None, :], "f16")
     if a.bias is not None:
         v = round_to(v + a.bias[:, None, :], "f16")
     v = v.reshape(k, n)
-    keep = q.keep  # type: ignore[attr-defined]
+    keep = q.keep
     return np.where(keep, v, 0.0) if keep is not None else v
 
 

@@ -31,7 +31,7 @@ def _dequantize_whole(weights: QuantizedWeights) -> np.ndarray:
     k, n = weights.codes.shape
     g = fmt.group_size_for(k)
     values = fmt.element.table()[weights.codes].reshape(k // g, g, n)
-    a = fmt.scaling.affine(_parameters_f64(weights))
+    a = fmt.scaling.affine(parameters_f64(weights))
     if a.zero is not None:
         values = values - a.zero[:, None, :]
     values = values * a.scale[:, None, :]
@@ -43,7 +43,7 @@ def _dequantize_whole(weights: QuantizedWeights) -> np.ndarray:
     return values
 
 
-def _parameters_f64(weights: QuantizedWeights, rows: slice | int = slice(None)) -> dict[str, np.ndarray]:
+def parameters_f64(weights: QuantizedWeights, rows: slice | int = slice(None)) -> dict[str, np.ndarray]:
     """The exact float64 value of the format's parameter arrays, by name: `rows` of the
     per-group ones; of the per-column ones ([1, N]) the whole array, or its row for an int."""
     out = {}
@@ -85,7 +85,7 @@ def dequantize_rows(weights: QuantizedWeights, r0: int, r1: int, out: np.ndarray
     # Every code is below the table's length (checked), so "clip" never clips; unlike the
     # default mode it writes `out` directly.
     np.take(weights.format.element._table, weights.codes[r0:r1], out=out, mode="clip")
-    weights.format.scaling.apply_f64(out, _parameters_f64(weights, group))
+    weights.format.scaling.apply_f64(out, parameters_f64(weights, group))
     if weights.keep is not None:
         # np.where(keep, value, 0.0) as a bitwise AND of each float64 with all ones (kept) or
         # all zeros (+0.0), several times faster than a masked copy.

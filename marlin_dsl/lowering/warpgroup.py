@@ -25,6 +25,11 @@ warpgroup's four decoded A fragments with the whole activation tile. Per K step 
 (Waiting before the decode keeps one batch's wgmmas back to back: ptxas serialises them if a
 register they read may be written before the wait.)
 
+2:4 formats take the sparse wgmma (k32, A compressed, each warp's metadata words from the
+weight layout). Its metadata register is read when the instruction executes, so with A in
+shared memory the loop runs `Warpgroup.sparse_pass` steps a pass and retires them all before
+going round (`loop_shared_a`; docs/DECISIONS.md).
+
 Rows past M read zero-filled activations and are not stored; N tiles past N decode zero
 weights (their loads are predicated off) and are not stored; K past the matrix reads zero
 activations and the layout's zero padding. The accumulators go straight to Y: each lane
