@@ -1,7 +1,7 @@
 """Issue 15: a sweep of weight-stream schedules for decode (M = 1 and 16) on an NVIDIA GPU, in one run.
 
 For every format, M and weight shape [K, N], the candidates are the tuned schedule
-(`targets/cuda/tuning.py`) and the grid k_warps x depth x warps_n (tile_n = 16 warps_n) x unroll
+(`targets/cuda/tuning.py`) and the grid k_warps x depth x warps_n x n_tiles (tile_n = 16 warps_n n_tiles) x unroll
 x vectors (K vectors per step: tile_k = vectors x the layout's chunk; tile_m 8 for M <= 8, else 16). Per candidate, on the GPU through MLX's CUDA backend:
 
 1. correctness: fresh random weights (`sample_weights`, packed) and activations (rounded to
@@ -75,12 +75,16 @@ def candidates(args) -> list[dict]:
     out: dict[str, dict] = {}
 
     def add(fmt_name: str, m: int, tile_m: int, warps_n: int, k_warps: int, depth: int, unroll: int,
-            vectors: int, tuned_for: tuple[int, int] | None = None) -> None:
-        name = f"{fmt_name}_m{tile_m}_n{16 * warps_n}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}"
+            vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1) -> None:
+        tile_n = 16 * warps_n * n_tiles
+        # n_tiles > 1: one warp decodes several 16-row N tiles and reuses each B fragment
+        # (activation load) across them: fewer requested bytes and instructions per weight
+        wide = f"t{n_tiles}" if n_tiles > 1 else ""
+        name = f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}"
         if name not in out:
             fmt = md.builtin_format(fmt_name)
             chunk = stream_layout(fmt, CUDA).dense_chunk
-            sched = Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=vectors * chunk,
+            sched = Schedule(name, tile_m=tile_m, tile_n=tile_n, tile_k=vectors * chunk,
                              warps_m=1, warps_n=warps_n,
                              pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll))
             try:
@@ -88,8 +92,8 @@ def candidates(args) -> list[dict]:
             except ScheduleError as exc:
                 print(f"skip {name}: {exc}")
                 return
-            out[name] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": 16 * warps_n,
-                         "warps_n": warps_n, "k_warps": k_warps, "depth": depth, "unroll": unroll,
+            out[name] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": tile_n,
+                         "warps_n": warps_n, "n_tiles": n_tiles, "k_warps": k_warps, "depth": depth, "unroll": unroll,
                          "vectors": vectors, "tuned_for": [], "schedule": sched}
         if tuned_for is not None:
             out[name]["tuned_for"].append(list(tuned_for))
@@ -102,11 +106,14 @@ def candidates(args) -> list[dict]:
                 t = tuned_schedule(fmt, m, CUDA, k, n)
                 p = t.pipeline
                 add(fmt_name, m, t.tile_m, t.warps_n, p.k_warps, p.depth, p.unroll,
-                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n))
-            for k_warps, depth, warps_n, unroll, vectors in itertools.product(
-                    ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors)):
-                if 32 * k_warps * warps_n <= 1024:
-                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors)
+                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n), t.tile_n // (16 * t.warps_n))
+            for k_warps, depth, warps_n, unroll, vectors, n_tiles in itertools.product(
+                    ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
+                    ints(args.n_tiles)):
+                # a warp's registers grow with its N tiles: past 1024 "thread-tiles" ptxas's count
+                # (130-168 for 4 tiles of 512 threads) exceeds what 65536 registers allow
+                if 32 * k_warps * warps_n <= 1024 and 32 * k_warps * n_tiles <= 1024:
+                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles)
     return list(out.values())
 
 
@@ -470,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-warps", default="4,8,16")
     ap.add_argument("--depth", default="1,2")
     ap.add_argument("--warps-n", default="1", help="tile_n = 16 x warps_n (1,2: twice the run)")
+    ap.add_argument("--n-tiles", default="1", help="16-row N tiles per warp (tile_n = 16 x warps_n x n_tiles)")
     ap.add_argument("--unroll", default="1,2")
     ap.add_argument("--vectors", default="1,2", help="K vectors per step (tile_k = vectors x the layout's chunk)")
     ap.add_argument("--timer", default="ncu", choices=("ncu", "wall"))
