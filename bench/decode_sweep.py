@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sass", dest="sass", action="store_false", help="dry run: skip SASS counts")
     ap.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)  # the process ncu profiles
     ap.add_argument("--labels", default="/tmp/decode_sweep_labels.json", help=argparse.SUPPRESS)
-    ap.add_argument("--passed", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--passed", type=Path, help="skip the GPU checks: time the kernels an earlier run's passed.json lists")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
@@ -508,8 +508,14 @@ def main(argv: list[str] | None = None) -> int:
         build(cands)
         args.kernels = args.out / "kernels"
         write_kernels(cands, args.kernels)
-    print(f"{len(cands)} kernels; checking them on the GPU")
-    check_on_gpu(cands, args)
+    if args.passed:  # an earlier run's GPU checks (its passed.json): time only what passed there
+        passed = set(json.loads(args.passed.read_text()))
+        for c in cands:
+            c["ok"] = c["name"] in passed
+        print(f"{len(cands)} kernels; {len(passed)} passed the GPU checks of {args.passed}")
+    else:
+        print(f"{len(cands)} kernels; checking them on the GPU")
+        check_on_gpu(cands, args)
     (args.out / "passed.json").write_text(json.dumps([c["name"] for c in cands if c["ok"]]))
     rows = time_with_ncu(args) if args.timer == "ncu" else time_with_wall(cands, args)
     summarize(rows, cands, args)
