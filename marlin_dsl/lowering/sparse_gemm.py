@@ -46,8 +46,9 @@ def b_lane_order(target: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pack_b(b: np.ndarray, target: str = "cuda") -> np.ndarray:
-    """B [L, N] (float32 holding f16/bf16 values) -> [KT, NT, 32 lanes, 8] in fragment order,
-    zero padded to whole tiles; the kernel reads one lane's 8 halves as one 16-byte vector."""
+    """B [L, N] (float32 holding f16/bf16 values) -> [KT, NT, 32 lanes, 8] in the target's
+    fragment order (`b_lane_order`: on Metal with the scatter GEMM's K shuffle), zero padded to
+    whole tiles; the kernel reads one lane's 8 halves as one 16-byte vector."""
     length, n = b.shape
     kt, nt = -(-length // 32), -(-n // 8)
     padded = np.zeros((kt * 32, nt * 8), b.dtype)
