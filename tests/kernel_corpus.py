@@ -74,6 +74,10 @@ def corpus() -> Iterator[tuple[str, str]]:
             kernel = lower_sparse_gemm(dtype, "cuda")
             PassManager(list(DEFAULT_PIPELINE)).run(kernel)
             yield f"sparse_gemm_cuda_{dtype}", print_kernel(kernel) + emit_source(TARGETS["cuda"], kernel)
+        for dtype in ("f16", "bf16"):  # Metal: the software scatter into the dense MMA (issue 16)
+            kernel = lower_sparse_gemm(dtype, "metal")
+            PassManager(list(DEFAULT_PIPELINE)).run(kernel)
+            yield f"sparse_gemm_metal_{dtype}", print_kernel(kernel) + emit_source(TARGETS["metal"], kernel)
 
 
 def emit_source(target, kernel) -> str:

@@ -1,11 +1,12 @@
 """Issue 16: run-time 2:4 activation sparsity on the Metal path, launched as kernels. No Apple
-GPU here, so `mx.fast.metal_kernel` is a stand-in that checks what MLX would receive (the
-exact printed header and body of the sparsify kernel, input and output names, the grid in
-threads, the threadgroup, the inputs, the output shapes, dtypes and fill value) and runs that
-text on the Metal CPU harness (`targets/metal/cpu_harness.py`). The "metal" backend's results
-must equal the float64 reference and the MLX-ops backend bit for bit (top2, seeded mvue,
-soft_threshold; both axes; odd shapes); "auto" picks it when the Metal probe finds an Apple
-GPU. The product S @ B stays on MLX ops on Metal (no sparse MMA, no Metal sparse GEMM yet)."""
+GPU here, so `mx.fast.metal_kernel` is a stand-in (tests/metal_standin.py) that checks what MLX
+would receive (the exact printed header and body of the kernel, input and output names, the
+grid in threads, the threadgroup, the inputs, the output shapes, dtypes and fill value) and runs
+that text on the Metal CPU harness (`targets/metal/cpu_harness.py`). The "metal" backend's
+sparsify results must equal the float64 reference and the MLX-ops backend bit for bit (top2,
+seeded mvue, soft_threshold; both axes; odd shapes); "auto" picks it when the Metal probe finds
+an Apple GPU. The product S @ B launches the scatter GEMM (`lowering/sparse_gemm_scatter.py`;
+tested on its own, and the SparseFFN on the metal backend, in tests/test_metal_sparse_gemm.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -21,9 +22,11 @@ from marlin_dsl.activation.reference import mvue_key, operand_shape, sparsify_re
 from marlin_dsl.activation.spec import METHODS, SparsifySpec  # noqa: E402
 from marlin_dsl.ir.numerics import round_to_activation  # noqa: E402
 from marlin_dsl.layouts.sparse_activation import ActivationLayout  # noqa: E402
+from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm  # noqa: E402
 from marlin_dsl.lowering.sparsify import THREADS, launch_scalars, lower_sparsify  # noqa: E402
-from marlin_dsl.targets.metal.cpu_harness import compile_many, compile_metal, find_compiler  # noqa: E402
+from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler  # noqa: E402
 from marlin_dsl.targets.metal.printer import print_metal  # noqa: E402
+from metal_standin import MetalStandIn  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     find_compiler() is None,
@@ -61,45 +64,27 @@ def compiled() -> dict[str, Any]:
     return {src.name: cpu for src, cpu in zip(sources, compile_many(sources))}
 
 
+def _expected(name: str) -> Any:
+    """The printed kernel a launch of `name` must pass to MLX (sparsify or sparse GEMM)."""
+    if name.startswith("sparse_act_gemm_"):
+        return print_metal(lower_sparse_gemm(name.rsplit("_", 1)[1], "metal"))
+    return print_metal(lower_sparsify(_BY_NAME[name], "metal"))
+
+
 @pytest.fixture
 def metal(monkeypatch: pytest.MonkeyPatch, compiled: dict[str, Any]) -> list[dict]:
     """An Apple GPU as far as the activation API can tell: the Metal probe says yes (CUDA's
     no), and `mx.fast.metal_kernel` is the stand-in; returns the launches it recorded."""
-    launches: list[dict] = []
-
-    def fake_metal_kernel(name, input_names, output_names, source, header, **kw):  # noqa: ANN001, ANN202
-        src = print_metal(lower_sparsify(_BY_NAME[name], "metal"))
-        assert (source, header) == (src.body, src.header)  # exactly the printed text
-        assert (list(input_names), list(output_names)) == (src.input_names, src.output_names)
-        assert not kw  # no template, no atomic outputs: the printer casts colz to atomic_uint
-        if name not in compiled:  # a spec outside SPECS (the sparse FFN's)
-            compiled[name] = compile_metal(src)
-        cpu = compiled[name]
-
-        def launch(inputs, grid, threadgroup, output_shapes, output_dtypes, init_value=None,  # noqa: ANN001, ANN202
-                   **_):
-            assert len(inputs) == len(input_names) and grid[0] % threadgroup[0] == 0
-            buffers = {nm: np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a).ravel()
-                       for nm, a in zip(input_names, inputs)}
-            dims = [int(v) for v in buffers.pop("dims")]
-            launches.append({"name": name, "inputs": buffers, "dims": dims, "grid": tuple(grid),
-                             "threadgroup": tuple(threadgroup), "shapes": [tuple(s) for s in output_shapes],
-                             "dtypes": list(output_dtypes), "init_value": init_value})
-            fill = 0xFFFFFFFF if init_value is None else int(init_value)  # MLX fills every output
-            for nm, shape in zip(output_names, output_shapes):
-                buffers[nm] = np.full(int(np.prod(shape)), fill, np.uint32)
-            out = cpu.run(buffers, dict(zip(src.scalar_names, dims)),
-                          (grid[0] // threadgroup[0], grid[1], grid[2]), threadgroup[0])
-            return [mx.array(out[nm]).reshape(shape) for nm, shape in zip(output_names, output_shapes)]
-        return launch
-
+    standin = MetalStandIn(_expected, compiled)
     monkeypatch.setattr(mnn, "_metal_available", lambda: True)
     monkeypatch.setattr(mnn, "_cuda_available", lambda: False)
-    monkeypatch.setattr(mx.fast, "metal_kernel", fake_metal_kernel)
+    monkeypatch.setattr(mx.fast, "metal_kernel", standin)
     had = "metal" in ops.KERNEL_BACKENDS
     kernels._sparsify_launch.cache_clear()  # launchers made before hold another metal_kernel
-    yield launches
+    kernels._gemm_launch.cache_clear()
+    yield standin.launches
     kernels._sparsify_launch.cache_clear()
+    kernels._gemm_launch.cache_clear()
     if not had:
         ops.KERNEL_BACKENDS.pop("metal", None)
 
@@ -142,16 +127,17 @@ def test_metal_backend_launches_the_printed_kernel(metal: list[dict], spec: Spar
             sizes = {"values": layout.value_words, "meta": layout.meta_words, "colz": shape[1]}
             assert got["shapes"] == [(sizes[n],) for n in src.output_names]
             assert got["dtypes"] == [mx.uint32] * len(src.output_names) and got["init_value"] == 0.0
-            # S @ B: MLX ops on Metal (no sparse MMA), the MLX-ops backend's product
+            # S @ B: the scatter GEMM kernel, on the sparsify kernel's own output
             n = 5
             b = mx.array(rng.normal(size=(s.operand_shape[1], n)).astype(np.float32)).astype(_MX[spec.dtype])
             launched = len(metal)
             y = ops.sparse_matmul(s, b)
-            assert len(metal) == launched  # no kernel: decode with MLX ops, mx.matmul
-            assert np.array_equal(_f32(y).view(np.uint32), _f32(ops.sparse_matmul(mine, b)).view(np.uint32))
+            assert len(metal) == launched + 1 and metal[-1]["name"] == f"sparse_act_gemm_{spec.dtype}"
+            assert np.array_equal(metal[-1]["inputs"]["values"], np.array(s.values))
             want = ref.dense.astype(np.float64) @ _f32(b).astype(np.float64)
             tol = {"f16": 2e-3, "bf16": 1.6e-2}[spec.dtype]
             assert np.abs(_f32(y) - want).max() <= tol * max(1.0, np.abs(want).max())
+            assert np.abs(_f32(y) - _f32(ops.sparse_matmul(mine, b))).max() <= tol * max(1.0, np.abs(want).max())
 
 
 def test_init_value_fills_and_is_corrected(metal: list[dict]) -> None:
@@ -170,33 +156,7 @@ def test_auto_resolves_to_metal_on_an_apple_gpu(metal: list[dict]) -> None:
     s = ops.sparsify(mx.array(x).astype(mx.float16), spec)
     assert s.backend == "metal" and metal and metal[-1]["name"] == spec.name
     y = ops.sparse_matmul(s, mx.ones((7, 3), dtype=mx.float16))
-    assert tuple(y.shape) == (5, 3)
-
-
-def test_sparse_ffn_on_metal_equals_mlx_ops(metal: list[dict]) -> None:
-    """The sparse FFN's forward and gradients (the split dW2 included) on the metal backend
-    equal the MLX-ops backend's bit for bit: the same selections, the same products."""
-    from marlin_dsl.activation.ffn import sparse_ffn
-
-    rng = np.random.default_rng(4)
-    dims, hidden, tokens = 24, 40, 9
-    x, w1, w2 = (mx.array(rng.normal(size=s).astype(np.float32) * 0.5).astype(mx.float16)
-                 for s in ((tokens, dims), (hidden, dims), (dims, hidden)))
-
-    def run(backend: str) -> list[np.ndarray]:
-        def loss(x_: Any, w1_: Any, w2_: Any) -> Any:
-            y = sparse_ffn(x_, w1_, None, w2_, None, method="mvue", seed=5, split_fraction=0.8,
-                           backend=backend)
-            return (y.astype(mx.float32) ** 2).sum()
-        value, grads = mx.value_and_grad(loss, argnums=(0, 1, 2))(x, w1, w2)
-        return [_f32(a) for a in (value, *grads)]
-
-    got, want = run("metal"), run("mlx")
-    # the forward's fused ReLU^2 + statistics kernel and the split dW2's kernel down the tokens
-    assert {launch["name"] for launch in metal} == {"relu2_stats_sparsify_mvue_axis1_f16",
-                                                    "sparsify_mvue_axis0_f16"}
-    for g, w in zip(got, want):
-        assert np.array_equal(g.view(np.uint32), w.view(np.uint32))
+    assert tuple(y.shape) == (5, 3) and metal[-1]["name"] == "sparse_act_gemm_f16"
 
 
 def test_metal_launch_refuses_inout_inputs() -> None:

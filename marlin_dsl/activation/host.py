@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ..ir import Kernel
+from ..lowering.sparse_gemm import gemm_scalars
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..ir.numerics import round_to_activation
 from ..layouts.sparse_activation import ActivationLayout
@@ -97,7 +98,8 @@ def pack_b_words(b: np.ndarray, dtype: str, target: str = "cuda") -> np.ndarray:
 
 
 def sparse_gemm_scalars(layout: ActivationLayout, n: int) -> dict[str, int]:
-    return {"P": layout.p, "N": n, "KT": layout.k_tiles, "PAIRS": layout.pp // 32, "NT": -(-n // 8)}
+    """The launch scalars of the layout's target's sparse GEMM (`sparse_gemm.gemm_scalars`)."""
+    return gemm_scalars(layout, n)
 
 
 def run_sparse_gemm(kernel: Kernel, sparse: SparsifyOutput, b: np.ndarray, dtype: str,

@@ -7,12 +7,13 @@ Same interface as the "mlx" backend (`ops._MLXBackend`): `sparsify(x, spec, seed
 with MLX ops (pad, reshape, one gather derived from the target's lane table) on every call, so
 B may be an activation (a weight gradient's dY) as well as a weight.
 
-A target with no sparse MMA (Metal) has no sparse-GEMM kernel (`sparse_gemm.has_sparse_gemm`):
-there `sparse_matmul` decodes the kernel-written values and metadata with MLX ops
-(`BoundLayout.decode_mx`) and multiplies with `mx.matmul`, a dense product on MLX ops (seed
-000's software scatter as a Metal kernel is future work). On Metal the sparsify kernels are
+A target with no sparse MMA (Metal) runs seed 000's software scatter into its dense MMA
+(`lowering/sparse_gemm_scatter.py`), launched the same way; B's fragment order then carries
+that kernel's K shuffle (`sparse_gemm.b_lane_order`). On Metal the sparsify and GEMM kernels are
 checked on the CPU harness and the launch with a stand-in `mx.fast.metal_kernel`
-(tests/test_metal_activation.py); no Apple GPU has run them here.
+(tests/test_metal_activation.py, tests/test_metal_sparse_gemm.py); no Apple GPU has run them
+here. `BoundLayout.decode_mx` (the logical S with MLX ops) serves the backward pass's dense
+products and checks.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 from ..targets.base import KernelLaunch
 from ..targets.runtimes import RUNTIMES, runtime_for
 from ..ir import Kernel
-from ..lowering.sparse_gemm import b_lane_order, has_sparse_gemm, lower_sparse_gemm
+from ..lowering.sparse_gemm import b_lane_order, gemm_scalars, has_sparse_gemm, lower_sparse_gemm
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
 from .operand import SparseActivation
@@ -80,7 +81,7 @@ def _decode_mx(layout: ActivationLayout, dtype: str, values: mx.array, metadata:
     value_idx = layout.value_word_index(rows, cols, _mx_lookup)
     mt, r = rows // ROW_TILE, rows % ROW_TILE
     word_idx = layout.meta_word_index(mt, cols // 8, r % 8, (cols % 8) // 4, _mx_lookup)
-    shift = 16 * (r // 8) + 4 * (cols % 4)
+    shift = layout.nibble_shift(r, cols)
     words = mx.take(values.reshape(-1), value_idx.reshape(-1))
     vals = mx.view(words, _MX_DTYPE[dtype]).reshape(pp, groups, 2)         # slot 0 = low half
     nib = (mx.take(metadata.reshape(-1), word_idx.reshape(-1)).reshape(pp, groups) >> shift) & 0xF
@@ -137,16 +138,17 @@ def pack_b_mx(b: mx.array, target: str) -> mx.array:
 
 
 def sparse_matmul(s: Any, b: mx.array, *, init_value: float | None = None) -> mx.array:
-    """C = S @ B [P, N] on the sparse tensor cores; on a target without them (Metal), S decoded
-    with MLX ops and a dense `mx.matmul` (see the module docstring)."""
+    """C = S @ B [P, N] by the target's sparse GEMM kernel: the sparse MMA (CUDA) or the
+    software scatter into the dense MMA (Metal). `init_value` pre-fills C (checks pass NaN to
+    see unwritten elements; MLX leaves C uninitialised by default, every element is written)."""
     layout: ActivationLayout = s.layout.layout
     if b.dtype != _MX_DTYPE[s.spec.dtype]:
         b = b.astype(_MX_DTYPE[s.spec.dtype])
-    if not has_sparse_gemm(s.backend):
-        return mx.matmul(s.dense_operand(), b)
+    if not has_sparse_gemm(s.backend):  # not reached for the registered targets
+        raise SparsifyError(f"backend {s.backend!r}: no sparse activation GEMM lowers for this target")
     n = int(b.shape[1])
-    scalars = {"P": layout.p, "N": n, "KT": layout.k_tiles, "PAIRS": layout.pp // 32, "NT": -(-n // 8)}
     got = _gemm_launch(s.spec.dtype, s.backend)({"values": s.values, "meta": s.metadata,
                                                  "bp": pack_b_mx(b, s.backend)},
-                                                {"y": (layout.p, n)}, scalars, init_value=init_value)
+                                                {"y": (layout.p, n)}, gemm_scalars(layout, n),
+                                                init_value=init_value)
     return got["y"]

@@ -154,6 +154,13 @@ class ActivationLayout:
         lookup = lookup or _np_lookup
         return ((mt // 2) * self.k_tiles + kt) * 32 + lookup(self.meta_lane_table, (mt % 2) * 16 + g * 2 + h)
 
+    @staticmethod
+    def nibble_shift(row_in_tile, group_in_tile):
+        """Bit offset of the nibble of (row 0..15 of a 16-row tile, group 0..7 of a K tile)
+        inside its unit's metadata word (`meta_word_index`): row g's four groups in bits
+        [15:0], row g + 8's in [31:16], group j of the unit at 4 j. Numpy or MLX arrays."""
+        return 16 * (row_in_tile // 8) + 4 * (group_in_tile % 4)
+
     # ----- host-side encode / decode (independent of the kernels: for checks and tests) ------
 
     def encode(self, result: SparseResult, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -170,7 +177,7 @@ class ActivationLayout:
         mt, r = rows // ROW_TILE, rows % ROW_TILE
         kt, gi = groups // 8, groups % 8
         word = self.meta_word_index(mt, kt, r % 8, gi // 4)
-        shift = (16 * (r // 8) + 4 * (gi % 4)).astype(np.uint32)
+        shift = self.nibble_shift(r, gi).astype(np.uint32)
         meta = np.zeros(self.meta_words, np.uint32)
         np.bitwise_or.at(meta, word.ravel(), (nib.astype(np.uint32) << shift).ravel())
         return values, meta
@@ -190,7 +197,7 @@ class ActivationLayout:
         mt, r = rows // ROW_TILE, rows % ROW_TILE
         kt, gi = groups // 8, groups % 8
         word = meta[self.meta_word_index(mt, kt, r % 8, gi // 4)]
-        nib = ((word >> (16 * (r // 8) + 4 * (gi % 4)).astype(np.uint32)) & 0xF).astype(np.uint8)
+        nib = ((word >> self.nibble_shift(r, gi).astype(np.uint32)) & 0xF).astype(np.uint8)
         idx = nibbles_to_indices(nib)
         if not (idx[..., 0] < idx[..., 1]).all():
             bad = np.argwhere(~(idx[..., 0] < idx[..., 1]))[0]

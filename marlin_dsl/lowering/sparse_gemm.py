@@ -1,6 +1,9 @@
 """Lowering of the GEMM that consumes a run-time sparsified operand: C = S @ B on a target with
 a 2:4 sparse MMA (CUDA's `mma.sp` m16n8k32), S [P, L] in the "cuda_mma_sp" activation layout
 (`layouts/sparse_activation.py`), B [L, N] dense in the matching fragment layout (`pack_b`).
+A target without a sparse MMA (Metal) gets seed 000's software scatter into its dense MMA
+(`sparse_gemm_scatter.py`); `lower_sparse_gemm`, `b_lane_order` and `gemm_scalars` choose by the
+target's data.
 
 A threadgroup of 4 warps computes a 64 x 128 tile of C; a warp owns 32 rows (one tile pair:
 one metadata word per lane feeds both tiles, selectors 0 and 1) x 64 columns (8 n8 tiles).
@@ -19,8 +22,10 @@ import numpy as np
 from ..errors import CompileError
 from ..ir import BF16, F16, F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, Value, VectorType
 from ..targets.base import TARGETS
+from ..layouts.sparse_activation import ActivationLayout
 from .parts.emit import Emitter
 from .parts.shell import finish_kernel
+from .sparse_gemm_scatter import lower_scatter_gemm, scatter_possible, scatter_tables
 
 THREADS = 128
 TILE_M, TILE_N = 64, 128
@@ -29,7 +34,11 @@ SCALARS = ("P", "N", "KT", "PAIRS", "NT")
 
 
 def b_lane_order(target: str) -> tuple[np.ndarray, np.ndarray]:
-    """(k[lane, e], n[lane, e]): the B element each lane's e-th half holds, from the target."""
+    """(k[lane, e], n[lane, e]): the B element each lane's e-th half holds in one 32 x 8 tile,
+    from the target (the sparse MMA's B fragment, or the scatter GEMM's shuffled K steps)."""
+    if not has_sparse_mma(target):
+        tab = scatter_tables(target)
+        return tab.b_k.copy(), tab.b_n.copy()
     lanes = TARGETS[target].lane_elements("b", 32, 8)
     if lanes is None:
         raise CompileError(f"{target}: no lane table for the sparse MMA's B fragment")
@@ -37,8 +46,9 @@ def b_lane_order(target: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pack_b(b: np.ndarray, target: str = "cuda") -> np.ndarray:
-    """B [L, N] (float32 holding f16/bf16 values) -> [KT, NT, 32 lanes, 8] in fragment order,
-    zero padded to whole tiles; the kernel reads one lane's 8 halves as one 16-byte vector."""
+    """B [L, N] (float32 holding f16/bf16 values) -> [KT, NT, 32 lanes, 8] in the target's
+    fragment order (`b_lane_order`: on Metal with the scatter GEMM's K shuffle), zero padded to
+    whole tiles; the kernel reads one lane's 8 halves as one 16-byte vector."""
     length, n = b.shape
     kt, nt = -(-length // 32), -(-n // 8)
     padded = np.zeros((kt * 32, nt * 8), b.dtype)
@@ -48,16 +58,35 @@ def pack_b(b: np.ndarray, target: str = "cuda") -> np.ndarray:
     return tiles[:, :, ks, ns]                                       # [KT, NT, lane, e]
 
 
-def has_sparse_gemm(target: str) -> bool:
-    """Whether this GEMM lowers for `target`: it needs the m16n8k32 sparse MMA (Metal has no
-    sparse MMA; its activation-sparse product runs on MLX ops, `activation/kernels.py`)."""
+def has_sparse_mma(target: str) -> bool:
+    """Whether `target` has the m16n8k32 sparse MMA this module's own lowering issues."""
     return TARGETS[target].sparse_mma == (16, 8, 32)
 
 
+def has_sparse_gemm(target: str) -> bool:
+    """Whether a sparse activation GEMM lowers for `target`: on its sparse MMA, or as the
+    software scatter into its dense MMA (`sparse_gemm_scatter.scatter_possible`)."""
+    return has_sparse_mma(target) or scatter_possible(TARGETS[target])
+
+
 def lower_sparse_gemm(dtype: str, target: str = "cuda") -> Kernel:
-    if not has_sparse_gemm(target):
-        raise CompileError(f"{target}: no m16n8k32 sparse MMA; the sparse activation GEMM needs one")
-    return _Lowering(dtype, target).lower()
+    """C = S @ B for activations of `dtype` ("f16" / "bf16") on `target`."""
+    if dtype not in ("f16", "bf16"):
+        raise CompileError(f"dtype: expected 'f16' or 'bf16', got {dtype!r}")
+    if has_sparse_mma(target):
+        return _Lowering(dtype, target).lower()
+    if scatter_possible(TARGETS[target]):
+        return lower_scatter_gemm(dtype, target)
+    raise CompileError(f"{target}: no m16n8k32 sparse MMA and no dense MMA lane tables for the "
+                       f"software scatter; the sparse activation GEMM needs one of them")
+
+
+def gemm_scalars(layout: ActivationLayout, n: int) -> dict[str, int]:
+    """The launch scalars of `layout.target`'s sparse GEMM for S in `layout` and N columns."""
+    base = {"P": layout.p, "N": n, "KT": layout.k_tiles}
+    if has_sparse_mma(layout.target):
+        return {**base, "PAIRS": layout.pp // 32, "NT": -(-n // 8)}
+    return {**base, "MT": layout.m_tiles, "NT": -(-n // TARGETS[layout.target].mma_n)}
 
 
 class _Lowering(Emitter):
