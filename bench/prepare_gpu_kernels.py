@@ -50,7 +50,7 @@ STREAM_M = {"weight_stream": (1, None, None), "weight_stream_m16": (16, None, No
 def gpu_schedule(fmt, pipeline: str) -> Schedule:
     """The schedule a correctness kernel uses: seed 002's 64x64x32 tiles, or for the
     weight-stream pipeline the schedule chosen for M = 1 or 16 rows. A ScheduleError means the
-    pipeline does not take the format (block patterns and 4:8 have no weight-stream layout)."""
+    pipeline does not take the format (4:8 of pairs has no weight-stream layout)."""
     if pipeline in STREAM_M:
         m, k, n = STREAM_M[pipeline]
         return md.tuned_schedule(fmt, m, None, k, n)

@@ -6,7 +6,9 @@ whose patterns are all empty, and decodes only the `count` positions listed in t
 Only clustered zeros (pruned channels, ReLU-like structure) make bytes other than 0xFF: an
 unstructured 50%-sparse matrix has essentially no empty K position across 32 columns.
 """
-from marlin_dsl import BlockPatternSparsity, DoubleBuffered, FloatEncoding, Format, Gemm, GroupScale, Schedule
+from marlin_dsl import (
+    BlockPatternSparsity, DoubleBuffered, FloatEncoding, Format, Gemm, GroupScale, Schedule, WeightStream,
+)
 
 fp4_blocks_g128 = Format(
     "fp4_blocks_g128",
@@ -17,3 +19,12 @@ fp4_blocks_g128 = Format(
 )
 
 fp4_blocks_db = Gemm("fp4_blocks_g128_db", fp4_blocks_g128, Schedule("db_64x64x32", pipeline=DoubleBuffered()))
+
+# Metal's small-M kernel (issue 16): the weight-stream pipeline on the simdgroup 8x8 lane
+# layout (metal_lane_stream), the tuned schedule of `quantized_linear` for M <= 8. The values
+# are stored dense and empty K positions hold codes that decode to 0, so the stream reads
+# every value and ignores the patterns: it skips nothing (the K step is one 128-bit load per
+# lane of all 16 K tiles, decoded in registers, where a skip would cost a branch per step).
+stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
+                     pipeline=WeightStream(k_warps=2))
+fp4_blocks_stream = Gemm("fp4_blocks_g128_stream", fp4_blocks_g128, stream_m8)

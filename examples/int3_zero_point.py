@@ -7,7 +7,7 @@ take 96 bits = 3 words, and codes 10 and 21 straddle a word boundary (code 10 us
 [31:30] of word 0 and bit [0] of word 1; code 21 uses bit [31] of word 1 and bits [1:0] of
 word 2). The packed codes are [3*K/32, N] uint32.
 """
-from marlin_dsl import Format, FusedDequant, Gemm, GroupScale, IntEncoding, Schedule, ZeroPoint
+from marlin_dsl import Format, FusedDequant, Gemm, GroupScale, IntEncoding, Schedule, WeightStream, ZeroPoint
 
 int3_zp = Format(
     "int3_zp",
@@ -20,3 +20,12 @@ int3_zp = Format(
 # A kernel for it: the compiler derives the 3-word decode (with the straddling codes) from
 # the description above; nothing in the compiler knows INT3.
 int3_fused = Gemm("int3_zp_fused", int3_zp, Schedule("fused_64x64x32", pipeline=FusedDequant()))
+
+# Metal's small-M kernel (issue 16): the weight-stream pipeline on the simdgroup 8x8 lane
+# layout (metal_lane_stream). 3 bits do not divide a 16-bit half, so the layout packs 5 codes
+# per half and leaves its top bit 0 (3.2 bits a code): one 128-bit load per lane holds 20 K
+# tiles, so a K step is 160 positions (five groups of 32), not 128; the tuned schedule of
+# `quantized_linear` for M <= 8.
+stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=160, warps_m=1, warps_n=8,
+                     pipeline=WeightStream(k_warps=2))
+int3_stream = Gemm("int3_zp_stream", int3_zp, stream_m8)

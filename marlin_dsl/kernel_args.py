@@ -29,8 +29,9 @@ def physical_arrays(attrs: dict, packed: PackedWeights) -> dict[str, np.ndarray]
     target = TARGETS[str(attrs["target"])]
     if layout != LAYOUT_NAME and layout not in target.weight_layouts[:1]:
         raise ShapeError(f"kernel: unknown weight layout {layout!r}")
-    # K is even here: the layout takes code widths dividing 16, whose K granule (32 / bits
-    # codes per word) is even, so the kernel's pairs of activations never straddle a row.
+    # K is even here: the layout takes code widths up to 16, whose K granule (the codes that
+    # fill whole 32-bit words: 32 / gcd(bits, 32)) is even, so the kernel's pairs of
+    # activations never straddle a row.
     return stream_arrays(packed.format, target, packed)
 
 

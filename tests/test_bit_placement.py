@@ -71,7 +71,7 @@ def test_integer_and_table_codes_keep_the_natural_order(name: str) -> None:
     assert stream_layout(md.builtin_format(name), CUDA).bit_order.natural
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
 def test_magic_shifts_land_codes_inside_the_mantissa(bits: int) -> None:
     placement = natural_placement(bits)
     shifts = magic_shifts(placement)
@@ -85,3 +85,20 @@ def test_magic_shifts_land_codes_inside_the_mantissa(bits: int) -> None:
 def test_a_placement_must_be_a_permutation() -> None:
     with pytest.raises(ValueError, match="permutation"):
         BitPlacement(4, ((0, 1, 2, 3), (0, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)))
+    with pytest.raises(ValueError, match="permutation"):  # 3-bit codes: 5 a half, not 4
+        BitPlacement(3, ((0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)))
+
+
+@pytest.mark.parametrize("bits", [3, 5, 6, 7])
+def test_widths_not_dividing_16_leave_spare_bits_zero(bits: int) -> None:
+    """floor(16 / bits) codes a half; the 16 % bits bits above them hold nothing and pack 0."""
+    placement = natural_placement(bits)
+    assert (placement.slots, placement.spare) == (16 // bits, 16 % bits)
+    rng = np.random.default_rng(bits)
+    lo, hi = (rng.integers(0, 1 << bits, size=(64, placement.slots)) for _ in range(2))
+    words = placement.pack(lo, hi)
+    used = sum(1 << p for slot in placement.positions for p in slot) * 0x00010001
+    assert not (words & np.uint32(~used & 0xFFFFFFFF)).any()
+    back_lo, back_hi = placement.unpack(words)
+    np.testing.assert_array_equal(back_lo, lo)
+    np.testing.assert_array_equal(back_hi, hi)

@@ -251,8 +251,9 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize("name", ["fp4", "int4_2of4", "fp4_blockpattern"])
 def test_cuda_backend_launches_the_compiled_kernel(fake_cuda, name: str) -> None:
     """quantized_linear and MarlinLinear on backend "cuda": the weight in the CUDA layout made
-    on the device (2:4: fragment order and mma.sp metadata; block patterns: the format's own),
-    the schedule chosen by row count, against the float64 reference."""
+    on the device (2:4: fragment order and mma.sp metadata; block patterns: their dense values
+    in fragment order, the patterns as packed), the schedule chosen by row count, against the
+    float64 reference."""
     rng = np.random.default_rng(5)
     w = rng.standard_normal((256, 40))
     packed = md.pack(md.builtin_format(name), w)
@@ -262,10 +263,9 @@ def test_cuda_backend_launches_the_compiled_kernel(fake_cuda, name: str) -> None
         expected = md.reference_matmul(x.astype(np.float64), packed)
         rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
         assert y.shape == (m, 40) and y.dtype == mx.float16 and rel < 2e-3
-    layout = "linear" if name == "fp4_blockpattern" else "lane_stream"
-    assert MarlinLinear.from_packed(packed, backend="cuda").layout == layout
+    assert MarlinLinear.from_packed(packed, backend="cuda").layout == "lane_stream"
     schedules = {launch["name"].split("_f16_")[1].rsplit("_", 1)[0] for launch in fake_cuda}
-    assert len(schedules) == (1 if name == "fp4_blockpattern" else 3), schedules
+    assert len(schedules) == 3, schedules
 
 
 def test_second_call_does_no_host_work(fake_cuda, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -223,20 +223,27 @@ def test_stream_kernel_text_round_trips() -> None:
 
 def test_stream_formats_have_even_k() -> None:
     """The kernel reads activations in (k, k+1) pairs: every format the layout accepts has an
-    even K granule, so K is always even (kernel_args.physical_arrays relies on it)."""
+    even K granule, so K is always even (kernel_args.physical_arrays relies on it). Every code
+    width streams: those that do not divide 16 with spare bits (floor(16 / bits) codes a half)."""
     for fmt_name in STREAM_FORMATS:
         assert md.builtin_format(fmt_name).k_granule % 2 == 0
-    with pytest.raises(ScheduleError, match="does not divide 16"):
-        stream_layout(md.Format(name="int3", element=md.IntEncoding(3), scale=md.GroupScale(96),
-                                packing=md.Packing()), CUDA)
+    for bits in range(1, 9):
+        fmt = md.Format(name=f"int{bits}", element=md.IntEncoding(bits), scale=md.GroupScale(96), packing=md.Packing())
+        layout = stream_layout(fmt, CUDA)
+        assert fmt.k_granule % 2 == 0 and layout.tiles * layout.per_lane == 2 * VECTOR_WORDS * (16 // bits)
 
 
 # ----- schedule errors ------------------------------------------------------------------------
 
-def test_block_patterns_have_no_stream_layout() -> None:
+def test_block_patterns_stream_as_dense_values() -> None:
+    """Block patterns store every value (`BlockPatternSparsity.values_dense`): the stream lays
+    them out as the dense format's and never reads the patterns."""
     fmt = md.builtin_format("fp4_blockpattern")
-    with pytest.raises(ScheduleError, match="weight-stream pipeline streams dense or N:M"):
-        compile_gemm(Gemm("ws_bp", fmt, small_schedule(md.builtin_format("fp4")), "f16"), CUDA)
+    ours, dense = stream_layout(fmt, CUDA), stream_layout(md.builtin_format("fp4"), CUDA)
+    assert (ours.chunk, ours.bit_order, ours.sparse) == (dense.chunk, dense.bit_order, False)
+    assert np.array_equal(ours.k_perm, dense.k_perm)
+    kernel = compile_gemm(Gemm("ws_bp", fmt, small_schedule(fmt), "f16"), CUDA).kernel
+    assert "patterns" not in {op.attrs.get("buffer") for op in kernel.walk()}
 
 
 def test_wrong_tile_k_names_the_right_one() -> None:

@@ -22,7 +22,10 @@ FORMATS = {name: md.builtin_format(name)
            for name in ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")}
 FORMATS |= {"affine4_g32_f16": mlx_format("affine", 4, 32, mx.float16),
             "affine8_g64_bf16": mlx_format("affine", 8, 64, mx.bfloat16),
-            "mxfp4": mlx_format("mxfp4", 4, 32), "nvfp4": mlx_format("nvfp4", 4, 16)}
+            "mxfp4": mlx_format("mxfp4", 4, 32), "nvfp4": mlx_format("nvfp4", 4, 16),
+            # 3-bit codes: 5 a 16-bit half, the spare bit 0; block patterns: dense values
+            "int3_zp": md.Format("int3_zp", md.IntEncoding(3), md.GroupScale(32), md.ZeroPoint("u8")),
+            "fp4_blockpattern": md.builtin_format("fp4_blockpattern")}
 # N tails (N % 16 != 0), several K vectors, and the smallest legal shapes.
 SHAPES = [(128, 16), (256, 40), (384, 72)]
 

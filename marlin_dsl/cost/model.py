@@ -22,7 +22,9 @@ from math import lcm
 
 from ..formats import PER_COLUMN, Format
 from ..ir.core import Kernel
+from ..layouts.weight_stream import stream_layout
 from ..schedule import Gemm
+from ..targets.base import TARGETS
 from .classify import CLASSES
 from .loop import LoopCounts, count_loop
 from .registers import live_registers
@@ -35,14 +37,34 @@ ACTIVATIONS = "x"
 STORAGE_SHAPE = (4096, 4096)
 
 
-def storage_per_weight(fmt: Format) -> dict[str, float]:
-    """Bytes per dense weight of each array of a packed weight (qweight, scales, zeros, meta,
-    ...), at STORAGE_SHAPE."""
+def _storage_shape(fmt: Format) -> tuple[int, int]:
+    """STORAGE_SHAPE with K rounded to whole groups and granules."""
     k, n = STORAGE_SHAPE
     g = fmt.scale.group_size
     unit = fmt.k_granule if g == PER_COLUMN else lcm(fmt.k_granule, int(g))
-    k = max(unit, round(k / unit) * unit)
+    return max(unit, round(k / unit) * unit), n
+
+
+def storage_per_weight(fmt: Format) -> dict[str, float]:
+    """Bytes per dense weight of each array of a packed weight (qweight, scales, zeros, meta,
+    ...), at STORAGE_SHAPE."""
+    k, n = _storage_shape(fmt)
     return {b.name: b.nbytes / (k * n) for b in fmt.buffers(k, n)}
+
+
+def kernel_storage(kernel: Kernel, fmt: Format) -> dict[str, float]:
+    """`storage_per_weight` as the kernel reads it: qweight at the size of the physical layout
+    the kernel reads (`attrs["weight_layout"]`: the weight stream's words, padded to whole
+    vectors and N tiles, with the spare bits of code widths that do not divide 16), and
+    without the arrays no op of the kernel reads (a stream kernel ignores block patterns)."""
+    storage = storage_per_weight(fmt)
+    read = {str(op.attrs["buffer"]) for op in kernel.walk() if "buffer" in op.attrs}
+    storage = {name: v for name, v in storage.items() if name in read}
+    if kernel.attrs.get("weight_layout") is not None and "qweight" in storage:
+        k, n = _storage_shape(fmt)
+        layout = stream_layout(fmt, TARGETS[str(kernel.attrs["target"])])
+        storage["qweight"] = layout.words(fmt.stored_k(k), n) * 4 / (k * n)
+    return storage
 
 
 @dataclass(frozen=True)
@@ -129,7 +151,7 @@ def kernel_cost(kernel: Kernel, gemm: Gemm, m: int | None = None) -> KernelCost:
     s = gemm.schedule
     weights, steps = iteration_shape(gemm)
     rows = s.tile_m if m is None else min(m, s.tile_m)
-    storage = storage_per_weight(gemm.format)
+    storage = kernel_storage(kernel, gemm.format)
     act_bytes = 2  # f16 and bf16 activations alike
     return cost_from_counts(kernel, count_loop(kernel), weights, steps, gemm_name=gemm.name,
                             m=rows, tile=(s.tile_m, s.tile_n, s.tile_k), storage=storage,

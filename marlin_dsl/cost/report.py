@@ -27,7 +27,8 @@ Cost model, read from each kernel's IR after the passes (docs/COST_MODEL.md). Pe
   in machine code); oth: branches, thread indices. inv/w: loop-invariant ops among them.
 M: activation rows assumed (the tile's tile_m unless --cost-m). B/w: bytes per weight the
   threadgroup needs from device memory = weights (codes, scales, zero points, metadata: their
-  storage) + act (M x 2 bytes / tile_n); req: bytes per weight the loop's loads ask for, every
+  storage, codes in the layout the kernel reads, arrays it never reads left out) + act (M x 2
+  bytes / tile_n); req: bytes per weight the loop's loads ask for, every
   thread's repeats included. tgmem: threadgroup memory bytes; regs: most 32-bit values live
   at once in the loop (estimate); bar/step: threadgroup barriers per K step (+ simdgroup
   barriers after '+')."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
@@ -28,6 +29,8 @@ class NMSparsity:
     m: int
     chunk: int = 1
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
+    #: Only the kept values are stored (compressed along K), with metadata saying where.
+    values_dense: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.location is None:
@@ -94,6 +97,10 @@ class BlockPatternSparsity:
     block_k: int = 8
     block_n: int = 32
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
+    #: Every value is stored, zeros included: the patterns only let a kernel skip K positions
+    #: that hold zeros (packing derives them from the dequantised values and `validate`
+    #: rejects patterns that omit a non-zero), so a kernel that ignores them is still exact.
+    values_dense: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.location is None:

@@ -5,7 +5,8 @@ The weight-stream layout (`weight_stream.py`) puts a lane's codes in pairs into 
 halves of its words: `slots = 16 // bits` pairs per word, both codes of slot k at the same bit
 positions of their half. A `BitPlacement` says which: `positions[k][i]` is the bit (0..15 in
 each half) holding bit i of slot k's code. The natural order puts slot k at bits
-k * bits .. k * bits + bits - 1.
+k * bits .. k * bits + bits - 1. Where the width does not divide 16 (3, 5, 6, 7 bits) the
+16 - slots * bits bits left over in each half are *spare*: never a code's, always 0.
 
 The decode (lowering/pair_decode.py) moves a slot's code bits to *target* positions in their
 half and masks everything else away: for float codes the fields of an f16 (magnitude under
@@ -47,13 +48,22 @@ class BitPlacement:
     positions: tuple[tuple[int, ...], ...]  # [slot][code bit] -> bit within a 16-bit half
 
     def __post_init__(self) -> None:
-        flat = sorted(p for slot in self.positions for p in slot)
-        if flat != list(range(HALF)) or any(len(s) != self.bits for s in self.positions):
-            raise ValueError(f"bit placement {self.positions} is not a permutation of {HALF} bits")
+        # Every bit of a half holds at most one code bit, and the slots fill the half as far
+        # as whole codes go (16 // bits of them): only the remainder, 16 % bits, is spare.
+        flat = [p for slot in self.positions for p in slot]
+        if (len(set(flat)) != len(flat) or not all(0 <= p < HALF for p in flat)
+                or any(len(s) != self.bits for s in self.positions) or self.slots != HALF // self.bits):
+            raise ValueError(f"bit placement {self.positions} is not a permutation of "
+                             f"{HALF // self.bits * self.bits} of a half's {HALF} bits")
 
     @property
     def slots(self) -> int:
         return len(self.positions)
+
+    @property
+    def spare(self) -> int:
+        """Bits of each half that hold no code (16 % bits): the layout leaves them 0."""
+        return HALF - self.slots * self.bits
 
     @property
     def natural(self) -> bool:
@@ -162,7 +172,8 @@ def float_placement(enc: FloatEncoding) -> BitPlacement:
     """The cheapest placement of a float code's (contiguous magnitude, sign) fields for the f16
     decode (`decode_cost` against `float_targets`), by a depth-first search over exact covers
     of the 16 bits, each slot placed at the lowest free bit (slots are interchangeable), pruned
-    by the best cost found; the natural order where nothing is cheaper (ties keep it)."""
+    by the best cost found; the natural order where nothing is cheaper (ties keep it), and for
+    widths that leave spare bits (the search enumerates exact covers only; not searched yet)."""
     bits, natural = enc.bits, natural_placement(enc.bits)
     targets = float_targets(enc)
     if targets is None or HALF % bits:

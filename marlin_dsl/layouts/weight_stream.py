@@ -19,6 +19,22 @@ second in the high half. So one mask and one shift expose a pair as two 16-bit l
 the decoder turns into a half2 with two or three vector instructions (the same trick as
 Marlin's interleaved INT4 layout; here derived rather than hard-coded).
 
+Code widths that do not divide 16 (3, 5, 6, 7 bits) keep this pair layout: per_half =
+floor(16 / bits) pairs per word, the remaining 16 % bits bits of each half left 0, and `tiles`
+follows from the pairs a vector holds (VECTOR_WORDS * per_half) over the pairs one K tile
+gives a lane (per_lane / 2): 3-bit codes take 5 pairs a word, 20 pairs a vector, so a vector
+covers 20 of Metal's 8-wide K tiles (160 K) or 5 of CUDA's 16-wide ones (80 K). Storage is
+16 / per_half bits a code (3-bit: 3.2, 6.7% above the format's bit stream, 20% below
+int4; 5-bit: 5.33; 6-bit: 8; 7-bit: 8), plus the K padding to whole vectors (for 3-bit on
+Metal at K = 4096, 4160 / 4096: 3.25 bits a code in all). Chosen over split bit planes
+(3-bit: a 2-bit and a 1-bit plane, exactly 3 bits a code) with the cost model's counts
+(`marlin-dsl compile --cost`; int3_zp at M = 1: 1.78 requested bytes and 7.19 lane
+instructions a weight): planes would save 0.025 requested bytes a weight (1.4%) but every
+pair then needs two masked fields merged under the magic number (a second LOP3 and about
+three more shifts per 16 pairs: ~1.65 decode ops a weight instead of 1.1), +0.55 lane
+instructions a weight (+8%), and a lane's 16 K tiles take 96 bits, which no single 128-bit
+vector load fills. The decode stays the one of 4-bit codes (`lowering/pair_decode.py`).
+
 2:4 formats on a target with a sparse MMA (`Target.sparse_mma`, CUDA's mma.sp m16n8k32): the
 values stream exactly as above over the *stored* K axis (a 16 x 16 compressed A tile covers
 32 dense K; compressed columns 2j, 2j+1 are the two kept values of group j, lower position
@@ -101,12 +117,13 @@ class StreamLayout:
     @property
     def per_half(self) -> int:
         """Pairs side by side in one word (each pair: one code in each 16-bit half)."""
-        return 16 // self.bits
+        return pairs_per_word(self.bits)
 
     @property
     def tiles(self) -> int:
-        """K tiles whose codes one lane loads in one vector."""
-        return VECTOR_WORDS * 32 // (self.per_lane * self.bits)
+        """K tiles whose codes one lane loads in one vector: the vector's pairs over a tile's
+        (`stream_layout` checks that they divide)."""
+        return VECTOR_WORDS * self.per_half // (self.per_lane // 2)
 
     @property
     def chunk(self) -> int:
@@ -165,6 +182,11 @@ class StreamLayout:
         return self.bit_order.pack(stream[..., 0], stream[..., 1]).reshape(-1)
 
 
+def pairs_per_word(bits: int) -> int:
+    """Code pairs one u32 word holds: floor(16 / bits) codes in each 16-bit half."""
+    return 16 // bits
+
+
 def _or_into_lanes(words: np.ndarray, lanes: np.ndarray, fields: np.ndarray) -> None:
     """words[..., lane] |= OR of fields[..., i] over the fields i of that lane (vectorised:
     a lane's fields are disjoint bit ranges, so their sum is their OR)."""
@@ -213,7 +235,9 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
     """The layout for `fmt` on `target`, or a ScheduleError saying why there is none."""
     bits = fmt.element.bits
     sp = fmt.sparsity
-    if sp is not None and not isinstance(sp, NMSparsity):
+    # A sparsity whose values are stored dense (block patterns: only a hint of which K
+    # positions a kernel may skip) streams as a dense format; the stream does not skip.
+    if sp is not None and not isinstance(sp, NMSparsity) and not sp.values_dense:
         raise ScheduleError(f"format {fmt.name!r}: the weight-stream pipeline streams dense or "
                             f"N:M values, not {sp.describe()}; use fused_dequant", where)
     if isinstance(sp, NMSparsity) and not _sparse_mma_ok(sp, target):
@@ -226,9 +250,12 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
         raise ScheduleError(f"the weight-stream pipeline needs the lane layout of {target.name}'s "
                             "MMA A operand, which the target does not declare", where)
     rows, cols = table
-    if 16 % bits or rows.shape[1] % 2:
+    pairs, tile_pairs = VECTOR_WORDS * pairs_per_word(bits), rows.shape[1] // 2  # a vector's, a tile's
+    if rows.shape[1] % 2 or not pairs or not tile_pairs or pairs % tile_pairs:
         raise ScheduleError(f"format {fmt.name!r}: the weight-stream layout pairs codes in 16-bit "
-                            f"halves; a {bits}-bit code width does not divide 16", where)
+                            f"halves, {VECTOR_WORDS} words a lane: {pairs} pairs of {bits}-bit codes do "
+                            f"not fill whole K tiles of {target.name}'s A fragment ({rows.shape[1]} "
+                            "elements a lane)", where)
     sparse_target = target if isinstance(sp, NMSparsity) else None
     if sparse_target is not None:
         mm, _, sparse_k = target.sparse_mma  # type: ignore[misc]
@@ -244,9 +271,6 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
         k_perm, run_start = activation_permutation(b_table[0], layout.tiles, mk)
         layout = StreamLayout(bits, mm, mk, rows, cols, None, k_perm, layout.tiles * distinct_k_rows(b_table[0]).shape[1],
                               tuple(int(v) for v in run_start), k_ratio, placement)
-    if (VECTOR_WORDS * 32) % (layout.per_lane * bits):
-        raise ScheduleError(f"format {fmt.name!r}: {bits}-bit codes of one lane's fragment do not "
-                            f"fill {VECTOR_WORDS} words evenly", where)
     return layout
 
 

@@ -7,6 +7,7 @@ pair, B fragments from a lane's activation run, and one K step's MMAs over the l
 tiles (`mma_k_tiles`)."""
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -56,7 +57,8 @@ class StreamFamily(GemmParts):
         self.x_perm = self.layout.k_perm is not None
         if self.x_perm:
             granule = self.fmt.k_granule & -self.fmt.k_granule  # largest power of two dividing it
-            self.x_vec = self.vector_cap(min(8, granule, self.layout.x_run))
+            # a whole number of vectors per run (3-bit codes on CUDA: runs of 20, vectors of 4)
+            self.x_vec = self.vector_cap(math.gcd(8, granule, self.layout.x_run))
         c_rows, _ = target.lane_elements("c", mm, mn)  # type: ignore[misc]
         self.c_row_base, self.c_row_off = lane_base_and_offsets(c_rows, "C row")
         #: multiply each group's MMA sums by its scale instead of every weight (`sums_scalable`);

@@ -39,7 +39,7 @@ def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = Non
     weight) on CUDA."""
     try:
         return tuned_schedule(fmt, m, CUDA, k, n, warpgroup=device_has_warpgroup())
-    except ScheduleError:  # no weight-stream layout for this format (block patterns, 4:8, 3-bit)
+    except ScheduleError:  # no weight-stream layout for this format (4:8 of pairs)
         return default_schedule(fmt)
 
 
