@@ -1,0 +1,132 @@
+"""The example formats through the layer on an NVIDIA GPU: what a user who converts a model to
+one of `examples/`'s formats runs (`MarlinLinear`, MLX's CUDA backend), checked with the error
+model. Written when issue 16 moved int3 (spare-bit weight stream), block patterns (dense
+values) and pair-wise 4:8 (the scattered weight stream) onto CUDA kernels that had only run on
+the CPU harness and in the interpreter.
+
+Runs on the GPU machine (MLX with CUDA; /work/shared/GPU.md):
+
+    MARLIN_DSL_POISON=1 PYTHONPATH=/tmp/site:$PWD python3 bench/example_formats_gpu.py --out $OUT
+
+Per example format, weight shape (a 4096 x 4096 matrix and one with K and N tails) and
+M in 1, 3, 16, 65, 300: fresh random weights quantised on the device (`from_linear`), fresh
+activations in f16 and bf16, outputs poisoned with NaN (MARLIN_DSL_POISON=1), y against the
+float64 product of the layer's own packed weight (`checks/gpu_output.check_gpu_output`: the
+error model's norm, bias and worst-element checks). Each row names the schedule the CUDA
+tuning picks for that M (`targets/cuda/tuning.tuned_schedule`). A table is printed last;
+results.json goes to --out; exit 1 if anything fails.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = ((4096, 4096), (4096 + 320, 4096 + 40))
+MS = (1, 3, 16, 65, 300)
+
+
+def example_formats(names: list[str] | None) -> dict:
+    import marlin_dsl as md
+
+    out = {}
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        out.update({v.name: v for v in vars(module).values() if isinstance(v, md.Format)})
+    return {k: v for k, v in out.items() if not names or k in names}
+
+
+def schedule_name(fmt, m: int, k: int, n: int) -> str:
+    from marlin_dsl.errors import ScheduleError
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+
+    try:
+        s = tuned_schedule(fmt, m, k=k, n=n, warpgroup=True)
+    except ScheduleError:
+        return "format's own kernels"
+    return f"{s.pipeline.kind} {s.name}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from marlin_dsl.benchmarks.provenance import git_commit
+    from marlin_dsl.checks.gpu_output import check_gpu_output, record
+    from marlin_dsl.nn import MarlinLinear
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--formats", nargs="*", help="example format names (default: all)")
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not os.environ.get("MARLIN_DSL_POISON"):
+        print("set MARLIN_DSL_POISON=1: without it an output a kernel never writes is not caught")
+        return 2
+    rng = np.random.default_rng(args.seed)
+    ms = [int(v) for v in args.ms.split(",")]
+    rows: list[dict] = []
+    for name, fmt in example_formats(args.formats).items():
+        for k, n in SHAPES:
+            linear = nn.Linear(k, n, bias=False)
+            linear.weight = mx.array(rng.standard_normal((n, k)) * 0.02).astype(mx.float16)
+            try:
+                layer = MarlinLinear.from_linear(linear, fmt)
+                packed = layer.to_packed()
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"format": name, "K": k, "N": n, "ok": False, "error": repr(exc)[:300]})
+                print(f"FAIL {name} {k}x{n}: {exc!r}"[:300], flush=True)
+                continue
+            for m in ms:
+                for dtype, act in ((mx.float16, "f16"), (mx.bfloat16, "bf16")):
+                    row = {"format": name, "K": k, "N": n, "M": m, "activation": act,
+                           "layout": layer.layout, "schedule": schedule_name(fmt, m, k, n)}
+                    try:
+                        x = mx.array(rng.standard_normal((m, k))).astype(dtype)
+                        t0 = time.perf_counter()
+                        y = layer(x)
+                        mx.eval(y)
+                        row["seconds_first_call"] = round(time.perf_counter() - t0, 3)
+                        xv = np.array(x.astype(mx.float32)).astype(np.float64)
+                        yv = np.array(y.astype(mx.float32)).astype(np.float64)
+                        row.update(record(check_gpu_output(yv, xv, packed, act)))
+                    except Exception as exc:  # noqa: BLE001
+                        row.update(ok=False, error=repr(exc)[:300], tb=traceback.format_exc()[-1500:])
+                    rows.append(row)
+                    print(f"{'ok  ' if row['ok'] else 'FAIL'} {name:20} {k}x{n} M={m:<4} {act:4} "
+                          f"{row['schedule']:40} rel={row.get('rel_error', float('nan')):.2e} "
+                          f"tol={row.get('tolerance', float('nan')):.2e} {row.get('error', '')}", flush=True)
+    failed = [r for r in rows if not r["ok"]]
+    (args.out / "results.json").write_text(json.dumps(
+        {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "device": device_name(),
+         "rows": rows}, indent=1, default=str))
+    print(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed; results in {args.out / 'results.json'}")
+    return 1 if failed else 0
+
+
+def device_name() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
