@@ -1,6 +1,8 @@
 """INT4 weights: unsigned codes with per-group integer zero points (GPTQ style), and signed
 codes stored as offset binary (stored = actual + 8) with symmetric scales (seed 002)."""
-from marlin_dsl import FusedDequant, Format, Gemm, GroupScale, IntEncoding, Schedule, WeightStream, ZeroPoint
+from marlin_dsl import (
+    FusedDequant, Format, Gemm, GroupScale, IntEncoding, Multistage, Schedule, WeightStream, ZeroPoint,
+)
 
 uint4_zp_g128 = Format(
     "uint4_zp_g128",
@@ -29,3 +31,9 @@ stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_
                     pipeline=WeightStream(k_warps=2))
 uint4_zp_stream = Gemm("uint4_zp_g128_stream", uint4_zp_g128, stream_m8)
 int4_stream = Gemm("int4_g64_stream", int4_g64, stream_m8)
+
+# Metal's large-M kernel (issue 16, see dense_fp4.py): the multistage pipeline through
+# registers into one threadgroup buffer; the tuned schedule of `quantized_linear` above 32 rows.
+multistage = Schedule("metal_multistage", tile_m=64, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
+                      pipeline=Multistage(stages=2))
+uint4_zp_multistage = Gemm("uint4_zp_g128_multistage", uint4_zp_g128, multistage)

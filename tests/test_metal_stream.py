@@ -135,8 +135,8 @@ def test_every_code_lands_where_its_lane_reads_it(name: str) -> None:
 
 def _cases() -> list[tuple[str, str, int]]:
     """(format, activation, tuned-for M): every streamed format in f16 at the small-M and the
-    32-row schedule; bf16 at the small-M one."""
-    out = [(name, "f16", m) for name in STREAMED + BUILTIN for m in (1, 65)]
+    32-row schedule (run on more rows too: the stream's largest tile); bf16 at the small-M one."""
+    out = [(name, "f16", m) for name in STREAMED + BUILTIN for m in (1, 32)]
     return out + [(name, "bf16", 1) for name in STREAMED + BUILTIN]
 
 
@@ -227,22 +227,25 @@ def test_formats_the_stream_does_not_take_are_refused(name: str) -> None:
 
 
 def test_tuned_schedule_by_m() -> None:
+    """The stream up to 32 rows (above: the multistage pipeline, tests/test_metal_multistage.py)."""
     fmt = md.builtin_format("fp4")
-    tiles = {m: RUNTIME.tuned_schedule(fmt, m).tile_m for m in (1, 8, 9, 16, 17, 4096)}
-    assert tiles == {1: 8, 8: 8, 9: 16, 16: 16, 17: 32, 4096: 32}
+    tiles = {m: RUNTIME.tuned_schedule(fmt, m).tile_m for m in (1, 8, 9, 16, 17, 32)}
+    assert tiles == {1: 8, 8: 8, 9: 16, 16: 16, 17: 32, 32: 32}
+    assert RUNTIME.tuned_schedule(fmt, 33).pipeline.kind == "multistage"
     assert RUNTIME.layer_layout(fmt, 256, 64) == STREAM_LAYOUT
 
 
 # ----- the launch through MLX (as far as Linux allows) ----------------------------------------
 
 @needs_gxx
-@pytest.mark.parametrize("name, m", [("fp4", 1), ("uint4_zp", 3), ("fp4", 40)])
+@pytest.mark.parametrize("name, m", [("fp4", 1), ("uint4_zp", 3), ("fp4", 24), ("fp4", 40), ("uint4_zp", 70)])
 def test_quantized_linear_launches_the_stream_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                      name: str, m: int) -> None:
     """quantized_linear(backend="metal") on Linux: mx.fast.metal_kernel is a stand-in that
-    checks what MLX would receive (the exact printed header and body of the tuned stream
-    kernel, its input and output names, the grid in threads and the threadgroup, the weights
-    in metal_lane_stream) and runs that text on the CPU harness."""
+    checks what MLX would receive (the exact printed header and body of the tuned kernel on
+    the stream layout: the weight stream, above 32 rows the multistage pipeline; its input and
+    output names, the grid in threads and the threadgroup, the weights in metal_lane_stream)
+    and runs that text on the CPU harness."""
     mx = pytest.importorskip("mlx.core")
     import marlin_dsl.layers.dispatch as dispatch
     import marlin_dsl.nn as mnn
@@ -292,7 +295,8 @@ def test_quantized_linear_launches_the_stream_kernel(monkeypatch: pytest.MonkeyP
     expected = md.reference_matmul(x.astype(np.float64), packed)
     rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
     assert y.shape == (m, n) and rel < 2e-3
-    threads = 32 * schedule.warps_n * schedule.pipeline.k_warps
+    threads = schedule.threads(METAL)
+    assert schedule.pipeline.kind == ("multistage" if m > 32 else "weight_stream")
     assert launches == [([m, n, k], (-(-n // schedule.tile_n) * threads, -(-m // schedule.tile_m), 1),
                          (threads, 1, 1), None)]
     assert schedule.name in gemm_name

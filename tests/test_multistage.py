@@ -258,10 +258,20 @@ def test_warp_n_rows_must_fill_mma_m() -> None:
 
 @pytest.mark.parametrize("fmt_name,want", [("fp4", 64), ("fp4_2of4", 128)])
 def test_tile_k_must_be_the_step(fmt_name: str, want: int) -> None:
+    """tile_k is the layout's vector chunk, or a multiple of it inside one scale group (the
+    group of 128 holds two fp4 vectors, one 2:4 vector)."""
     fmt = md.builtin_format(fmt_name)
-    for tile_k in (32, 2 * want):
-        sched = Schedule("bad", tile_m=32, tile_n=64, tile_k=tile_k, warps_m=2, warps_n=2, pipeline=Multistage())
-        with pytest.raises(ScheduleError, match=f"multistage .*set tile_k={want}, not {tile_k}"):
+    sched = Schedule("bad", tile_m=32, tile_n=64, tile_k=32, warps_m=2, warps_n=2, pipeline=Multistage())
+    with pytest.raises(ScheduleError, match=rf"multistage .*set tile_k={want} \(or a multiple inside one "
+                                            r"scale group\), not 32"):
+        compile_gemm(Gemm("ms_bad", fmt, sched, "f16"), CUDA)
+    sched = Schedule("two", tile_m=32, tile_n=64, tile_k=2 * want, warps_m=2, warps_n=2, pipeline=Multistage())
+    if fmt_name == "fp4":
+        gemm = Gemm("ms_two", fmt, sched, "f16")
+        kernel = compile_gemm(gemm, CUDA).kernel  # two vectors a step
+        assert_matches(gemm, kernel, [(3, 40, 384), (65, 72, 256)], seed=3)
+    else:
+        with pytest.raises(ScheduleError, match="scale groups that cover whole steps"):
             compile_gemm(Gemm("ms_bad", fmt, sched, "f16"), CUDA)
 
 
@@ -278,11 +288,15 @@ def test_too_much_shared_memory() -> None:
                                                 warps_n=4, pipeline=Multistage(3))), CUDA)
 
 
-def test_metal_has_no_multistage_pipeline() -> None:
-    """Metal has the stream layout (issue 16) but no asynchronous copies to stage with."""
+def test_metal_multistage_stages_through_registers() -> None:
+    """Metal has the stream layout but no asynchronous copies (issue 16): its multistage
+    kernels stage through registers (tests/test_metal_multistage.py), with 2 or 3 stages."""
     fmt = md.builtin_format("fp4")
-    with pytest.raises(ScheduleError, match="asynchronous copies, which metal does not have"):
-        compile_gemm(Gemm("ms_metal", fmt, ms_schedule(fmt), "f16"), METAL)
+    sched = Schedule("ms_metal", tile_m=32, tile_n=64, tile_k=128, warps_m=2, warps_n=2, pipeline=Multistage(2))
+    kernel = compile_gemm(Gemm("ms_metal", fmt, sched, "f16"), METAL).kernel
+    assert "async_copy" not in {op.name for op in kernel.walk()}
+    with pytest.raises(ScheduleError, match="metal has no asynchronous copies"):
+        compile_gemm(Gemm("ms_metal", fmt, ms_schedule(fmt, stages=4), "f16"), METAL)
 
 
 # ----- async copies in the interpreter ----------------------------------------------------------

@@ -16,8 +16,8 @@ from marlin_dsl.ir.verify import verify_legal
 #: Ops a target deliberately cannot print (everything else in OPS it must).
 ILLEGAL = {
     "metal": {"async_copy", "async_commit", "async_wait", "mma_sp",
-              # the warpgroup MMA (sm_90a) and the vector store its shared-A pipeline uses
-              "vstore", "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait"},
+              # the warpgroup MMA (sm_90a)
+              "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait"},
     "cuda": set(),
 }
 PRINTERS = {"metal": metal._Printer, "cuda": cuda._Printer}

@@ -43,6 +43,11 @@ def simdgroup_lane_elements() -> tuple[np.ndarray, np.ndarray]:
 _LANE_TABLES = {(role, 8, 8): simdgroup_lane_elements() for role in ("a", "b", "c")}
 
 #: Apple GPUs: 8x8 simdgroup matrices, 32 KB of threadgroup memory (M-series). Vectors have at
-#: most 4 elements (half4, uint4: 16 bytes for u32).
+#: most 4 elements (half4, uint4: 16 bytes for u32). No asynchronous copies into threadgroup
+#: memory (the multistage pipeline stages through registers). Activation rows staged in
+#: threadgroup memory are padded by 16 bytes, as MLX's Metal GEMMs pad theirs against bank
+#: conflicts (`BK_padded = BK + 16 / sizeof(T)` in quantized.h's qmm_t, `tgp_padding` in
+#: steel/gemm); only the multistage pipeline reads the padding.
 METAL = Target("metal", (8, 8, 8), warp_size=32, max_threads=1024, max_shared_bytes=32 * 1024,
-               lane_tables=_LANE_TABLES, weight_layouts=(STREAM_LAYOUT,), max_vector_elems=4)
+               lane_tables=_LANE_TABLES, shared_row_pad_bytes=16, weight_layouts=(STREAM_LAYOUT,),
+               max_vector_elems=4)

@@ -254,6 +254,19 @@ class _Printer(CPrinter):
             access = f"{ops[1]} ? {access} : {vt}({metal_type(elem)}(0))"
         self.declare(depth, op.result, access)
 
+    def op_vstore(self, op: Op, depth: int) -> None:
+        """A vector into a threadgroup array (the only memory `vstore` writes), element by
+        element as `op_vload` reads one (the arrays are declared of their scalar type)."""
+        ops = self.refs(op)
+        buf, _ = self.memory(str(op.attrs["buffer"]))
+        size = int(op.attrs["size"])
+        stmts = [f"{buf}[{ops[0]}{f' + {i}u' if i else ''}] = {ops[1]}[{i}];" for i in range(size)]
+        if len(ops) > 2:
+            self.emit(depth, f"if ({ops[2]}) {{ {' '.join(stmts)} }}")
+        else:
+            for stmt in stmts:
+                self.emit(depth, stmt)
+
     def op_extract(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         self.declare(depth, op.result, f"{ops[0]}[{int(op.attrs['index'])}]")
@@ -361,14 +374,15 @@ class _Printer(CPrinter):
     #: Metal's legal ops: the shared C-family entries and these. `frag_build` / `frag_elems`
     #: address a lane's elements through `thread_elements()` with the ownership of the target's
     #: lane tables (description.py). Missing on purpose: the async copies and `mma_sp` (no such
-    #: hardware).
+    #: hardware), and the warpgroup MMA.
     EMITTERS = {
         **CPrinter.EMITTERS,
         "const": op_const,
         **dict.fromkeys(_BINARY, op_binary),
         "min": op_min_max, "max": op_min_max,
         "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast, "lop3": op_lop3,
-        "load": op_load, "vload": op_vload, "extract": op_extract, "store": op_store, "atomic_add": op_atomic_add,
+        "load": op_load, "vload": op_vload, "extract": op_extract, "store": op_store, "vstore": op_vstore,
+        "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         "frag_zero": op_frag_zero, "frag_load": op_frag_load, "frag_store": op_frag_store, "mma": op_mma,
         "vec": op_vec, "frag_build": op_frag_build, "frag_elems": op_frag_elems,

@@ -4,11 +4,13 @@ and layers launch kernels compiled on first use for `quantized_linear`: the same
 as `marlin-dsl compile` (lower, passes, print, write the launcher), cached on disk by a hash of
 the format and tool version, and launched through the generated launcher module. The benchmark
 runner times a kernel through its generated launcher too (`ShippedKernel`). Layers run the
-tuned weight-stream kernels (`tuning.py`) on weights held in Metal's stream layout where the
+tuned kernels (`tuning.py`) on weights held in Metal's stream layout where the
 format takes it, else the format's default kernel on its own layout. Any other kernel (the
 activation sparsify kernels) launches through `kernel_launcher` (`launch.MetalLaunch`, the
 GEMMs' `mx.fast.metal_kernel` path); with no Apple GPU here, its text is checked on the CPU
-harness and the launch with a stand-in for `mx.fast.metal_kernel` (tests/test_metal_activation.py)."""
+harness and the launch with a stand-in for `mx.fast.metal_kernel` (tests/test_metal_activation.py).
+The tuned kernels are the weight stream up to 32 rows and the multistage pipeline above, both
+on the stream layout (`tuning.py`)."""
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +64,9 @@ def metal_launcher(fmt: Format, activation: str, schedule: Schedule | None = Non
 
 
 def stream_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule | None:
-    """The tuned weight-stream schedule, or None where the stream layout does not take the
-    format (it keeps its own layout and the default kernel)."""
+    """The tuned schedule on the stream layout (weight stream or multistage, by M), or None
+    where the stream layout does not take the format (it keeps its own layout and the default
+    kernel)."""
     try:
         return metal_tuned_schedule(fmt, m, k, n)
     except ScheduleError:
@@ -139,8 +142,8 @@ class MetalRuntime:
     kernel_launcher = MetalLaunch  # any kernel through mx.fast.metal_kernel (the activation kernels)
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
-        """The weight-stream schedule for m rows (`tuning.py`); ScheduleError for a format the
-        stream layout does not take."""
+        """The tuned schedule for m rows (`tuning.py`: the weight stream, above 32 rows the
+        multistage pipeline); ScheduleError for a format the stream layout does not take."""
         return metal_tuned_schedule(fmt, m, k, n)
 
     def timed_kernel(self, compiled: CompiledGemm) -> ShippedKernel:
@@ -165,8 +168,8 @@ class MetalRuntime:
         return STREAM_LAYOUT if stream_schedule(fmt, 1, k, n) is not None else None
 
     def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel:
-        """The tuned weight-stream kernel for m rows where the format takes the stream layout,
-        else the format's default kernel, through its generated launcher module."""
+        """The tuned kernel for m rows (weight stream or multistage) where the format takes the
+        stream layout, else the format's default kernel, through its generated launcher module."""
         schedule = stream_schedule(fmt, m, k, n)
         module = metal_launcher(fmt, activation, schedule)
         gx, gy, gz = module.threadgroups(m, n, k)
