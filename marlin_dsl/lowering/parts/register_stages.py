@@ -60,12 +60,19 @@ class RegisterStages(StageBuffers):
 
     def x_rounds(self) -> tuple[int, int]:
         """(rounds, rows per round): a thread's pieces are rows r0 + i * (rows per round) at
-        one K offset (threads are a whole number of rows of pieces)."""
+        one K offset. Where the threads are not a whole number of rows of pieces (a 3-bit
+        layout's step of 160 K is 40 pieces), the last threads % pieces-per-row threads copy
+        nothing (`x_idle`): their loads read a valid row, their stores are predicated off."""
         per_round = self.threads // self.x_per_row
-        if self.threads % self.x_per_row or not per_round:
-            raise CompileError(f"multistage: {self.threads} threads do not copy whole activation rows of "
+        if not per_round:
+            raise CompileError(f"multistage: {self.threads} threads cannot copy one activation row of "
                                f"{self.x_per_row} pieces; use more warps")
         return -(-self.s.tile_m // per_round), per_round
+
+    def x_idle(self) -> Value | None:
+        """The predicate of the threads that copy activations (None: all of them do)."""
+        used = self.threads // self.x_per_row * self.x_per_row
+        return None if used == self.threads else self.op2("lt", self.tid, used, hint="xact")
 
     def x_thread(self) -> tuple[Value, Value]:
         """(row r0 in the tile, K offset in the step) of this thread's first piece."""
@@ -94,9 +101,12 @@ class RegisterStages(StageBuffers):
         rounds, per_round = self.x_rounds()
         r0, kc = self.x_thread()
         dst = self.offset(base, self.op2("add", self.op2("mul", r0, self.x_ld, hint="xd"), kc, hint="xd"), "xd")
+        active = self.x_idle()
         for i in range(rounds):
             inside = None if (i + 1) * per_round <= self.s.tile_m else \
                 self.op2("lt", r0, self.s.tile_m - i * per_round, hint="xin")
+            if active is not None:
+                inside = active if inside is None else self.op2("and", inside, active, hint="xin")
             idx = self.op2("add", dst, i * per_round * self.x_ld, hint="xd") if i else dst
             self.store_vector("x_s", idx, next(values), self.x_copy, inside)
 
