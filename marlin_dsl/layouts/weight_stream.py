@@ -19,6 +19,10 @@ second in the high half. So one mask and one shift expose a pair as two 16-bit l
 the decoder turns into a half2 with two or three vector instructions (the same trick as
 Marlin's interleaved INT4 layout; here derived rather than hard-coded).
 
+N:M formats on a target without a sparse MMA for the pattern (Metal: none) keep only each
+lane's own kept codes and metadata, which the lane scatters into dense fragments itself
+(`sparse_scatter.py`, `StreamLayout.scatter`).
+
 2:4 formats on a target with a sparse MMA (`Target.sparse_mma`, CUDA's mma.sp m16n8k32): the
 values stream exactly as above over the *stored* K axis (a 16 x 16 compressed A tile covers
 32 dense K; compressed columns 2j, 2j+1 are the two kept values of group j, lower position
@@ -296,14 +300,16 @@ def scatter_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
     with the K shuffle, each lane holding its own kept codes and metadata (`sparse_scatter.py`;
     ScheduleError where the lane tables or the sparsity do not allow it)."""
     try:
-        return _scatter_layout(fmt, target)
+        return _scatter_layout(fmt, target, id(target))
     except ScheduleError as e:  # (the cached search knows no spec line)
         raise ScheduleError(e.message, where) from None
 
 
 @lru_cache(maxsize=None)
-def _scatter_layout(fmt: Format, target: Target) -> StreamLayout:
-    """`scatter_layout`, once per (format, target): the plan's search tries every vector length."""
+def _scatter_layout(fmt: Format, target: Target, _identity: int) -> StreamLayout:
+    """`scatter_layout`, once per (format, target): the plan's search tries every vector length.
+    Keyed by the target object too: targets compare without their lane tables, and a copy
+    with other tables (a test's mutation) must not get this one's layout."""
     sp = fmt.sparsity
     assert isinstance(sp, NMSparsity)
     mm, mn, mk = target.mma

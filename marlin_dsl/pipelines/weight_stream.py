@@ -24,8 +24,8 @@ def check_stream(schedule: ScheduleShape, kind: str, fmt: Format, target: Target
     if layout.scatter is not None and not scatter:
         raise ScheduleError(
             f"schedule {name!r}: {kind} does not read the scattered N:M layout that format "
-            f"{fmt.name!r} has on {target.name} (no sparse MMA: the lanes scatter their kept "
-            "values); use weight_stream", where)
+            f"{fmt.name!r} has on {target.name} (no sparse MMA for its pattern: the lanes scatter "
+            "their kept values); use weight_stream", where)
     rows_per_warp = schedule.tile_n // schedule.warps_n
     if rows_per_warp % layout.tile_rows:
         raise ScheduleError(

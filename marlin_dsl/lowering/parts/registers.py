@@ -78,7 +78,9 @@ class RegisterFetch(GemmParts):
         size = self.layout.meta_words
         idx, pred = self.lane_slot(j, kv, size, "mi")
         b = self.b
-        if pred is None or self.layout.scatter is not None:  # clamped: a real tile's metadata
+        # Clamped: a real tile's metadata. Scattered: a predicated load's 0 where the tile is
+        # absent, a field that selects no kept value.
+        if pred is None or self.layout.scatter is not None:
             operands = [idx] + ([pred] if pred is not None else [])
             if size == 1:
                 return b.value("load", operands, U32, {"buffer": "meta"}, hint="meta")

@@ -67,7 +67,7 @@ class ScatterFragments(GemmParts):
 
     def _kept_bits(self, cache: dict, words: Value, kept: int, params: GroupValues) -> Value:
         """Kept pair `kept` decoded (scaled, or not where the sums take the scale), as u32 bits."""
-        key = ("kept", kept)
+        key = ("kept", kept, id(params))  # (one vector's pairs share their parameters)
         if key not in cache:
             word, slot = divmod(kept, self.plan.per_half)
             w = words if self.plan.code_words == 1 else \
