@@ -231,6 +231,26 @@ def test_stream_kernel_on_harness_matches_reference(built, case) -> None:
             np.testing.assert_array_equal(out["y"], theirs["y"], err_msg=f"{name}/{act} M={m}")
 
 
+@needs_gxx
+def test_lane_grouped_2of4_with_k_tails() -> None:
+    """2:4 with groups of 32 (builtin fp4_2of4 and int4_2of4 at g = 32): vectors of 128 span
+    four groups, each lane's run of 32 one (per-lane scales, `a_run0`), and K need not be whole
+    vectors (K = 160, 96, 32, 224): the harness against the reference and the interpreter."""
+    cases = [(md.builtin_format(name, 32), act) for name in ("fp4_2of4", "int4_2of4") for act in ACTS]
+    kernels = [compile_gemm(Gemm(f"mss_g32_{f.name}_{act}", f, RUNTIME.tuned_schedule(f, 1), act), METAL).kernel
+               for f, act in cases]
+    assert all(any(t.name == "a_run0" for t in k.tables) for k in kernels)
+    for (fmt, act), kernel, compiled in zip(cases, kernels, compile_many([print_metal(k) for k in kernels],
+                                                                         jobs=os.cpu_count())):
+        for seed, (m, n, k) in enumerate(((1, 40, 160), (3, 136, 96), (65, 24, 32), (129, 8, 224))):
+            packed, bufs, scalars = _problem(kernel, fmt, m, n, k, seed)
+            out = compiled.run(bufs, scalars, seed=seed)
+            check = _model_check(read_output(out, m, n), bufs, packed, act)
+            assert check.ok, f"{fmt.name}/{act} M={m} N={n} K={k}: {check.summary()}"
+            if m <= 3:
+                np.testing.assert_array_equal(out["y"], run_kernel(kernel, bufs, scalars)["y"])
+
+
 # ----- mutations the checks catch -------------------------------------------------------------
 
 @needs_gxx

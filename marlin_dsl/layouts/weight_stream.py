@@ -245,7 +245,7 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
         except ScheduleError as scatter:
             if target.sparse_mma is None:
                 raise
-            why = scatter.message
+            why = scatter.message.removeprefix(f"format {fmt.name!r}: ").removesuffix("; use fused_dequant")
         raise ScheduleError(f"format {fmt.name!r}: the weight-stream pipeline feeds N:M values to "
                             f"a sparse MMA, which {target.name} has only for 2:4 of single values, "
                             f"not {sp.describe()}; use fused_dequant ({why})", where)
