@@ -176,11 +176,9 @@ def _shapes(fmt: md.Format, m_tuned: int) -> list[tuple[int, int, int]]:
     """(M, N, K): M = 1, 3, 65, 129 (the 32-row schedule: 65, 129), N tails (40, 136, 24, 8 over
     tiles of 128 rows), and K not a whole number of vectors where the scale group allows it
     (pair-wise 4:8: vectors of 256, K = 384 and 64; 2:4's groups of 128 are its vectors)."""
-    chunk = stream_layout(fmt, METAL).dense_chunk
-    k_tail = 384 if chunk == 256 else 384
-    k_small = 64 if chunk == 256 else 128
+    k_small = 64 if stream_layout(fmt, METAL).dense_chunk == 256 else 128
     ms = (1, 3, 65, 129) if m_tuned == 1 else (65, 129)
-    return [(m, n, k) for m, n, k in zip(ms, (40, 136, 24, 8), (256, k_tail, k_small, k_tail))]
+    return [(m, n, k) for m, n, k in zip(ms, (40, 136, 24, 8), (256, 384, k_small, 384))]
 
 
 @pytest.fixture(scope="module")
