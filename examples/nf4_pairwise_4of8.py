@@ -9,7 +9,7 @@ one metadata word covers 64 K positions: metadata is [K/64, N]. The kept codes a
 uint32 word in dense-K order ([K/16, N]). Codes index the 16-entry table below (the NormalFloat4
 quantiles of QLoRA, normalised to [-1, 1]), scaled by one fp16 scale per 64 K positions.
 """
-from marlin_dsl import DoubleBuffered, Format, Gemm, GroupScale, NMSparsity, Schedule, TableEncoding
+from marlin_dsl import DoubleBuffered, Format, Gemm, GroupScale, NMSparsity, Schedule, TableEncoding, WeightStream
 
 NF4_VALUES = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
@@ -31,3 +31,11 @@ nf4_pairwise_4of8 = Format(
 db_32x64x64 = Schedule("db_32x64x64", tile_m=32, tile_n=64, tile_k=64, warps_m=1, warps_n=4,
                        pipeline=DoubleBuffered())
 nf4_pairwise_db = Gemm("nf4_pairwise_4of8_db", nf4_pairwise_4of8, db_32x64x64)
+
+# Metal's small-M kernel (issue 16): the weight stream with the lanes scattering their own kept
+# pairs (metal_lane_stream, layouts/sparse_scatter.py): one 128-bit code load and one metadata
+# word per lane a K step of 256 positions, each lane's 64 positions in one scale group; the
+# tuned schedule for M <= 8.
+stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=256, warps_m=1, warps_n=8,
+                     pipeline=WeightStream(k_warps=2))
+nf4_pairwise_stream = Gemm("nf4_pairwise_4of8_stream", nf4_pairwise_4of8, stream_m8)

@@ -7,7 +7,7 @@ dense K positions in registers before the MMA (seed 000 section 5).
 """
 from marlin_dsl import (
     DoubleBuffered, FloatEncoding, Format, Gemm, GroupScale, IntEncoding, NMSparsity, Schedule,
-    StripedKParallel,
+    StripedKParallel, WeightStream,
 )
 
 fp4_2of4_g128 = Format(
@@ -31,3 +31,12 @@ striped = Schedule("striped_64x64x32_p2", pipeline=StripedKParallel(parallel=2, 
 
 fp4_2of4_db = Gemm("fp4_2of4_g128_db", fp4_2of4_g128, double_buffered)
 int4_2of4_striped = Gemm("int4_2of4_g128_striped", int4_2of4_g128, striped)
+
+# Metal's small-M kernel (issue 16): Metal has no sparse MMA, so the weight stream stores each
+# lane's own kept codes and metadata (metal_lane_stream, layouts/sparse_scatter.py) and the
+# lane scatters them into dense simdgroup fragments in registers; one 64-bit code load and one
+# metadata word per lane a K step of 128 positions; the tuned schedule for M <= 8.
+stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
+                     pipeline=WeightStream(k_warps=2))
+fp4_2of4_stream = Gemm("fp4_2of4_g128_stream", fp4_2of4_g128, stream_m8)
+int4_2of4_stream = Gemm("int4_2of4_g128_stream", int4_2of4_g128, stream_m8)

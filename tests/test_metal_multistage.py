@@ -31,7 +31,7 @@ from marlin_dsl.targets.metal.printer import print_metal
 from marlin_dsl.targets.metal.runtime import RUNTIME
 from marlin_dsl.targets.metal.tuning import MULTISTAGE_MIN_M
 from kernel_asserts import assert_matches
-from test_metal_stream import EXAMPLE_FORMATS, REFUSED, STREAMED
+from test_metal_stream import EXAMPLE_FORMATS, STREAMED
 
 needs_gxx = pytest.mark.skipif(
     find_compiler() is None,
@@ -172,10 +172,11 @@ def test_tuned_schedule_picks_multistage_above_32_rows() -> None:
     assert (s.tile_m, s.tile_n, s.tile_k, s.warps_m, s.warps_n, s.pipeline.stages) == (64, 128, 128, 1, 8, 2)
     for name in STREAMED:  # every format the stream takes
         assert RUNTIME.tuned_schedule(EXAMPLE_FORMATS[name], 33).pipeline.kind == "multistage"
-    for name in REFUSED:  # the rest keep the format's own layout and kernels
-        with pytest.raises(ScheduleError):
-            RUNTIME.tuned_schedule(EXAMPLE_FORMATS[name], 2048)
-        assert RUNTIME.layer_layout(EXAMPLE_FORMATS[name], 256, 64) is None
+    for name in set(EXAMPLE_FORMATS) - set(STREAMED):  # N:M: the lanes scatter; the stream at every M
+        for m in (33, 2048):
+            schedule = RUNTIME.tuned_schedule(EXAMPLE_FORMATS[name], m)
+            assert (schedule.pipeline.kind, schedule.tile_m) == ("weight_stream", 32), (name, m)
+            compile_gemm(Gemm(f"nm_{m}", EXAMPLE_FORMATS[name], schedule), METAL)  # the pipeline takes it
 
 
 def test_two_bit_codes_keep_the_stream() -> None:

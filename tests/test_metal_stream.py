@@ -49,12 +49,12 @@ def _example_formats() -> dict[str, md.Format]:
 
 EXAMPLE_FORMATS = _example_formats()
 #: The example formats the weight stream takes on Metal (and on CUDA), and those it refuses:
-#: no sparse MMA on Metal (2:4), 4:8 of pairs (CUDA refuses all but 2:4 too). int3 streams with
-#: spare bits, block patterns as dense values (tests/test_metal_stream_widths.py).
+#: int3 streams with spare bits and block patterns as dense values
+#: (tests/test_metal_stream_widths.py); the N:M formats (2:4, 4:8 of pairs), which Metal's lanes
+#: scatter themselves, in tests/test_metal_stream_sparse.py. No example format is refused now.
 STREAMED = ["fp4_g128", "uint4_zp_g128", "int4_g64", "int4_two_level_g64", "fp4_two_level_g32",
             "int3_zp", "fp4_blocks_g128"]
-REFUSED = {"fp4_2of4_g128": "sparse MMA", "int4_2of4_g128": "sparse MMA",
-           "nf4_pairwise_4of8": "sparse MMA"}
+REFUSED: dict[str, str] = {}
 BUILTIN = ["fp4", "int4", "uint4_zp", "nf4"]
 
 
@@ -218,12 +218,15 @@ def test_stream_costs_less_per_weight_than_first_generation(name: str) -> None:
         assert new.instructions_per_weight < old.instructions_per_weight / 2, (kind, new.per_weight, old.per_weight)
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_formats_the_stream_does_not_take_are_refused(name: str) -> None:
-    fmt = EXAMPLE_FORMATS[name]
-    with pytest.raises(ScheduleError, match=REFUSED[name]):
-        RUNTIME.tuned_schedule(fmt, 1)
-    assert RUNTIME.layer_layout(fmt, 256, 64) is None  # layers keep the format's own kernels
+def test_every_example_format_has_a_metal_small_m_kernel() -> None:
+    """Issue 16's bar: every example format gets a Metal weight-stream schedule at M = 1 (the
+    dense ones here, the N:M ones in test_metal_stream_sparse.py, int3 and block patterns in
+    test_metal_stream_widths.py, each with its cost against the first generation), and layers
+    run it in the stream layout."""
+    assert not REFUSED
+    for name, fmt in EXAMPLE_FORMATS.items():
+        assert RUNTIME.tuned_schedule(fmt, 1).pipeline.kind == "weight_stream", name
+        assert RUNTIME.layer_layout(fmt, 256, 64) == STREAM_LAYOUT, name
 
 
 def test_tuned_schedule_by_m() -> None:

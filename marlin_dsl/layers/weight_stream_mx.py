@@ -55,8 +55,8 @@ def stream_shapes(fmt: Format, target: Target, k: int, n: int) -> dict[str, tupl
     lay = _layout(fmt, target)
     stored = fmt.stored_k(k)
     nt, kv = _dims(lay, stored, n)
-    shapes = {"qweight": (nt * kv * lay.lanes * VECTOR_WORDS,)}
-    if lay.sparse:
+    shapes = {"qweight": (nt * kv * lay.lanes * lay.code_words,)}
+    if lay.has_meta:
         shapes["meta"] = (nt * kv * lay.lanes * lay.meta_words,)
     return shapes
 
@@ -84,6 +84,10 @@ def stream_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int],
                                 if s.name in ("qweight", "meta")}, "linear")
     out = dict(arrays)
     codes = unpack_bits_mx(arrays["qweight"], fmt.element.bits, fmt.packing.word_bits).astype(mx.uint8)
+    if lay.scatter is not None:
+        fields = unpack_bits_mx(arrays["meta"], fmt.sparsity.meta_bits, fmt.packing.word_bits)
+        out["qweight"], out["meta"] = _pack_scatter(lay, _scatter_tables(fmt, target), codes, fields)
+        return out
     out["qweight"] = _pack_values(lay, _tables(fmt, target), codes)
     if lay.sparse:
         out["meta"] = _pack_meta(lay, fmt, arrays["meta"], k, n)
@@ -101,6 +105,11 @@ def _pack_values(lay: StreamLayout, tables: dict[str, mx.array], codes: mx.array
     flat = tiles.reshape(nt, kv, lay.tiles, lay.tile_rows * lay.tile_cols)
     lane_elems = mx.take(flat, tables["lane"], axis=3)  # [nt, kv, tiles, lanes, per_lane]
     pairs = lane_elems.transpose(0, 1, 3, 2, 4).reshape(nt, kv, lay.lanes, VECTOR_WORDS, lay.per_half, 2)
+    return _place_pairs(lay, pairs)
+
+
+def _place_pairs(lay: StreamLayout, pairs: mx.array) -> mx.array:
+    """[..., words, slots, lo/hi] codes -> the flat u32 words (the layout's bit placement)."""
     # each code looked up in its slot's table of spread bits (bit_placement.BitPlacement.spread)
     spread, slot_base = _spread_tables(lay.bit_order)
     placed = mx.take(spread, pairs.astype(mx.uint32) + slot_base)  # [..., slot, lo/hi]
@@ -180,6 +189,12 @@ def linear_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int],
     lay = _layout(fmt, target)
     _check(fmt, shape, arrays, stream_shapes(fmt, target, k, n), "weight-stream")
     out = dict(arrays)
+    if lay.scatter is not None:
+        codes, fields = _unpack_scatter(lay, _scatter_tables(fmt, target), arrays["qweight"], arrays["meta"],
+                                        k // fmt.sparsity.block_k, n)
+        out["qweight"] = pack_bits_mx(codes, fmt.element.bits, fmt.packing.word_bits)
+        out["meta"] = pack_bits_mx(fields, fmt.sparsity.meta_bits, fmt.packing.word_bits)
+        return out
     codes = _unpack_values(lay, _tables(fmt, target), arrays["qweight"], fmt.stored_k(k), n)
     out["qweight"] = pack_bits_mx(codes, fmt.element.bits, fmt.packing.word_bits)
     if lay.sparse:
@@ -189,10 +204,7 @@ def linear_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int],
 
 def _unpack_values(lay: StreamLayout, tables: dict[str, mx.array], words: mx.array, ks: int, n: int) -> mx.array:
     nt, kv = _dims(lay, ks, n)
-    w = words.reshape(nt, kv, lay.lanes, VECTOR_WORDS, 1, 1, 1)
-    code_bits, word_bits = _bit_tables(lay)
-    bits = mx.bitwise_and(mx.right_shift(w, word_bits), 1)  # [..., slot, lo/hi, bit]
-    pairs = mx.sum(mx.left_shift(bits, code_bits), axis=-1).astype(mx.uint8)  # [nt, kv, lanes, words, per_half, 2]
+    pairs = _pairs_of(lay, words.reshape(nt, kv, lay.lanes, VECTOR_WORDS))  # [nt, kv, lanes, words, per_half, 2]
     lane_elems = pairs.reshape(nt, kv, lay.lanes, lay.tiles, lay.per_lane).transpose(0, 1, 3, 2, 4)
     flat = lane_elems.reshape(nt, kv, lay.tiles, lay.lanes * lay.per_lane)
     tiles = mx.take(flat, tables["lane_inverse"], axis=3)  # [nt, kv, tiles, rows * cols]
@@ -202,6 +214,13 @@ def _unpack_values(lay: StreamLayout, tables: dict[str, mx.array], words: mx.arr
         padded = mx.take(padded.reshape(kv, lay.chunk, -1), tables["k_perm_inverse"], axis=1)
         padded = padded.reshape(kv * lay.chunk, -1)
     return padded[:ks, :n]
+
+
+def _pairs_of(lay: StreamLayout, words: mx.array) -> mx.array:
+    """`_place_pairs`' inverse: u32 words [...] -> codes [..., slots, lo/hi] (uint8)."""
+    code_bits, word_bits = _bit_tables(lay)
+    bits = mx.bitwise_and(mx.right_shift(words[..., None, None, None], word_bits), 1)  # [..., slot, lo/hi, bit]
+    return mx.sum(mx.left_shift(bits, code_bits), axis=-1).astype(mx.uint8)
 
 
 def _unpack_meta(lay: StreamLayout, fmt: Format, words: mx.array, k: int, n: int) -> mx.array:
@@ -223,6 +242,75 @@ def _unpack_meta(lay: StreamLayout, fmt: Format, words: mx.array, k: int, n: int
     positions = padded[:blocks, :, :n]
     fields = positions[:, 0] + mx.left_shift(positions[:, 1], sp.index_bits)  # sum(p_i << i*index_bits)
     return pack_bits_mx(fields, sp.meta_bits, fmt.packing.word_bits)
+
+
+# ----- the scattered N:M layout (layouts/sparse_scatter.py) ----------------------------------------
+
+@lru_cache(maxsize=None)
+def _scatter_tables(fmt: Format, target: Target) -> dict[str, np.ndarray]:
+    """Flat gather indices of the scattered layout within one (K vector, N tile): of each
+    (lane, kept pair, half)'s code in [blocks, kept unit, position in chunk, row] (a
+    bijection), and of each (lane, field, low/high block)'s field in [blocks, row] (every
+    block once; a one-block field names its block twice); and, for the way back, where each
+    code and each block's field first sits among them."""
+    lay = _layout(fmt, target)
+    plan, sp, rows = lay.scatter, fmt.sparsity, lay.tile_rows
+    blk, unit, sub, row, f_blk, f_row = plan.lane_index()
+    codes = ((blk * sp.n + unit) * sp.chunk + sub) * rows + row  # [lanes, pairs, 2]
+    fields = f_blk * rows + f_row  # [lanes, fields, 2]
+    codes, fields = codes.reshape(-1), fields.reshape(-1)
+    _, first_field = np.unique(fields, return_index=True)  # sorted by target: [blocks * rows]
+    return {"codes": codes.astype(np.int32), "fields": fields.astype(np.int32),
+            "codes_inverse": np.argsort(codes).astype(np.int32), "fields_inverse": first_field.astype(np.int32)}
+
+
+def _pack_scatter(lay: StreamLayout, index: dict[str, np.ndarray], codes: mx.array,
+                  fields: mx.array) -> tuple[mx.array, mx.array]:
+    """`ScatterPlan.pack` with MLX ops: [stored K, N] codes and [blocks, N] fields -> flat
+    (qweight, meta) u32, bit-identical."""
+    plan, sp = lay.scatter, lay.scatter.sp
+    blocks, n = fields.shape
+    nt, kv = plan.dims(blocks, n, lay.tile_rows)
+    bpv, rows = plan.blocks_per_vector, lay.tile_rows
+    grid = mx.pad(codes.reshape(blocks, sp.n * sp.chunk, n), [(0, kv * bpv - blocks), (0, 0), (0, nt * rows - n)])
+    grid = grid.reshape(kv, bpv * sp.n * sp.chunk, nt, rows).transpose(0, 2, 1, 3).reshape(kv, nt, -1)
+    lanes = mx.take(grid, mx.array(index["codes"]), axis=2)  # [kv, nt, lanes * pairs * 2]
+    pairs = lanes.reshape(kv, nt, plan.lanes, plan.code_words, plan.per_half, 2).transpose(1, 0, 2, 3, 4, 5)
+    qweight = _place_pairs(lay, pairs)
+    fgrid = mx.pad(fields.astype(mx.uint32), [(0, kv * bpv - blocks), (0, nt * rows - n)])
+    fgrid = fgrid.reshape(kv, bpv, nt, rows).transpose(0, 2, 1, 3).reshape(kv, nt, -1)
+    per = mx.take(fgrid, mx.array(index["fields"]), axis=2).reshape(kv, nt, plan.lanes, len(plan.fields), 2)
+    double = np.array([f.double for f in plan.fields])
+    value = per[..., 0] + mx.left_shift(per[..., 1], sp.meta_bits) * mx.array(double.astype(np.uint32))
+    shifted = mx.left_shift(value, mx.array(np.array([f.shift for f in plan.fields], np.uint32)))
+    word_of = np.array([f.word for f in plan.fields])
+    words = [mx.sum(mx.take(shifted, mx.array(np.flatnonzero(word_of == w).astype(np.int32)), axis=-1), axis=-1)
+             for w in range(plan.meta_words)]  # each word's fields: disjoint bits, so the sum is the OR
+    meta = mx.stack(words, axis=-1).transpose(1, 0, 2, 3)  # [nt, kv, lanes, meta_words]
+    return qweight, meta.reshape(-1)
+
+
+def _unpack_scatter(lay: StreamLayout, index: dict[str, np.ndarray], qweight: mx.array, meta: mx.array,
+                    blocks: int, n: int) -> tuple[mx.array, mx.array]:
+    """`_pack_scatter`'s inverse: ([stored K, N] codes, [blocks, N] fields), padding dropped."""
+    plan, sp = lay.scatter, lay.scatter.sp
+    nt, kv = plan.dims(blocks, n, lay.tile_rows)
+    bpv, rows = plan.blocks_per_vector, lay.tile_rows
+    pairs = _pairs_of(lay, qweight.reshape(nt, kv, plan.lanes, plan.code_words))
+    flat = pairs.transpose(1, 0, 2, 3, 4, 5).reshape(kv, nt, -1)  # [kv, nt, lanes * pairs * 2]
+    grid = mx.take(flat, mx.array(index["codes_inverse"]), axis=2)
+    grid = grid.reshape(kv, nt, bpv * sp.n * sp.chunk, rows).transpose(0, 2, 1, 3)
+    codes = grid.reshape(kv * bpv, sp.n * sp.chunk, nt * rows)[:blocks, :, :n].reshape(-1, n)
+    words = meta.reshape(nt, kv, plan.lanes, plan.meta_words).transpose(1, 0, 2, 3)
+    word_of = mx.array(np.array([f.word for f in plan.fields], np.int32))
+    shift = mx.array(np.array([f.shift for f in plan.fields], np.uint32))
+    value = mx.right_shift(mx.take(words, word_of, axis=3), shift)  # [kv, nt, lanes, fields]
+    low = mx.bitwise_and(value, (1 << sp.meta_bits) - 1)
+    high = mx.bitwise_and(mx.right_shift(value, sp.meta_bits), (1 << sp.meta_bits) - 1)
+    per = mx.stack([low, high], axis=-1).reshape(kv, nt, -1)  # a one-block field's high copy is unused
+    fgrid = mx.take(per, mx.array(index["fields_inverse"]), axis=2).reshape(kv, nt, bpv, rows).transpose(0, 2, 1, 3)
+    fields = fgrid.reshape(kv * bpv, nt * rows)[:blocks, :n]
+    return codes, fields
 
 
 __all__ = ["linear_arrays_mx", "stream_arrays_mx", "stream_shapes"]

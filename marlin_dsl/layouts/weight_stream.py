@@ -35,6 +35,10 @@ three more shifts per 16 pairs: ~1.65 decode ops a weight instead of 1.1), +0.55
 instructions a weight (+8%), and a lane's 16 K tiles take 96 bits, which no single 128-bit
 vector load fills. The decode stays the one of 4-bit codes (`lowering/pair_decode.py`).
 
+N:M formats on a target without a sparse MMA for the pattern (Metal: none) keep only each
+lane's own kept codes and metadata, which the lane scatters into dense fragments itself
+(`sparse_scatter.py`, `StreamLayout.scatter`).
+
 2:4 formats on a target with a sparse MMA (`Target.sparse_mma`, CUDA's mma.sp m16n8k32): the
 values stream exactly as above over the *stored* K axis (a 16 x 16 compressed A tile covers
 32 dense K; compressed columns 2j, 2j+1 are the two kept values of group j, lower position
@@ -49,6 +53,7 @@ two tiles share one register. Padding groups get positions (0, 1), a valid order
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -59,6 +64,7 @@ from ..formats.packing import metadata_positions
 from ..formats.tensors import PackedWeights
 from ..targets.base import Target
 from .bit_placement import BitPlacement, natural_placement, placement_for
+from .sparse_scatter import ScatterPlan, scatter_plan
 
 #: Words each lane loads at once (one 128-bit vector load).
 VECTOR_WORDS = 4
@@ -91,6 +97,9 @@ class StreamLayout:
     k_ratio: int = 1  # dense K positions per stored one (2 for 2:4)
     #: where each slot's code bits sit in a half (`bit_placement.py`); None: the natural order
     placement: BitPlacement | None = None
+    #: N:M values on a target without a sparse MMA: each lane's kept codes and metadata, which
+    #: it scatters into dense fragments itself (`sparse_scatter.py`); None otherwise
+    scatter: ScatterPlan | None = None
 
     @property
     def bit_order(self) -> BitPlacement:
@@ -98,13 +107,14 @@ class StreamLayout:
 
     @property
     def dense_tile_k(self) -> int:
-        """Dense K one MMA covers (the sparse MMA's A holds half as many columns)."""
-        return self.tile_cols * self.k_ratio
+        """Dense K one MMA covers (the sparse MMA's A holds half as many columns; a scattered
+        layout's MMA is the dense one)."""
+        return self.tile_cols if self.scatter is not None else self.tile_cols * self.k_ratio
 
     @property
     def dense_chunk(self) -> int:
         """Dense K one vector load covers: the weight-stream kernel's step (tile_k)."""
-        return self.chunk * self.k_ratio
+        return self.scatter.dense_chunk if self.scatter is not None else self.chunk * self.k_ratio
 
     @property
     def lanes(self) -> int:
@@ -123,19 +133,26 @@ class StreamLayout:
     def tiles(self) -> int:
         """K tiles whose codes one lane loads in one vector: the vector's pairs over a tile's
         (`stream_layout` checks that they divide)."""
+        if self.scatter is not None:
+            return self.scatter.tiles
         return VECTOR_WORDS * self.per_half // (self.per_lane // 2)
 
     @property
     def chunk(self) -> int:
         """Stored-K columns one vector load covers."""
-        return self.tiles * self.tile_cols
+        return self.scatter.stored_per_vector if self.scatter is not None else self.tiles * self.tile_cols
+
+    @property
+    def code_words(self) -> int:
+        """u32 words of codes each lane loads per vector (VECTOR_WORDS but where scattered)."""
+        return self.scatter.code_words if self.scatter is not None else VECTOR_WORDS
 
     def pair_slot(self, pair: int) -> tuple[int, int]:
         """(word, slot) of a lane's pair `pair`: the slot's bits are `bit_order.positions[slot]`."""
         return divmod(pair, self.per_half)
 
     def words(self, stored_k: int, n: int) -> int:
-        return -(-n // self.tile_rows) * -(-stored_k // self.chunk) * self.lanes * VECTOR_WORDS
+        return -(-n // self.tile_rows) * -(-stored_k // self.chunk) * self.lanes * self.code_words
 
     @property
     def sparse(self) -> bool:
@@ -143,8 +160,14 @@ class StreamLayout:
 
     @property
     def meta_words(self) -> int:
-        """Metadata words per lane per vector (sparse layouts): one per pair of tiles."""
-        return self.tiles // 2
+        """Metadata words per lane per vector (sparse layouts): one per pair of tiles; a
+        scattered layout's: its blocks' fields."""
+        return self.scatter.meta_words if self.scatter is not None else self.tiles // 2
+
+    @property
+    def has_meta(self) -> bool:
+        """Each lane loads metadata words beside its codes (`meta_words` per vector)."""
+        return self.sparse or self.scatter is not None
 
     def pack_metadata(self, positions: np.ndarray) -> np.ndarray:
         """[dense K / 4, 2, N] kept positions (increasing) -> flat u32 meta words."""
@@ -241,9 +264,15 @@ def stream_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
         raise ScheduleError(f"format {fmt.name!r}: the weight-stream pipeline streams dense or "
                             f"N:M values, not {sp.describe()}; use fused_dequant", where)
     if isinstance(sp, NMSparsity) and not _sparse_mma_ok(sp, target):
+        try:  # no sparse MMA for the pattern: the lanes scatter kept values (sparse_scatter.py)
+            return scatter_layout(fmt, target, where)
+        except ScheduleError as scatter:
+            if target.sparse_mma is None:
+                raise
+            why = scatter.message.removeprefix(f"format {fmt.name!r}: ").removesuffix("; use fused_dequant")
         raise ScheduleError(f"format {fmt.name!r}: the weight-stream pipeline feeds N:M values to "
                             f"a sparse MMA, which {target.name} has only for 2:4 of single values, "
-                            f"not {sp.describe()}; use fused_dequant", where)
+                            f"not {sp.describe()}; use fused_dequant ({why})", where)
     mm, _, mk = target.mma
     table = target.lane_elements("a", mm, mk)
     if table is None:
@@ -279,8 +308,43 @@ def stream_arrays(fmt: Format, target: Target, packed: PackedWeights) -> dict[st
     layout = stream_layout(fmt, target)
     stored = unpack_bits(np.asarray(packed.arrays["qweight"]), fmt.element.bits, fmt.packing.word_bits)
     arrays = dict(packed.arrays)
+    if layout.scatter is not None:
+        fields = unpack_bits(np.asarray(packed.arrays["meta"]), fmt.sparsity.meta_bits, fmt.packing.word_bits)
+        arrays["qweight"], arrays["meta"] = layout.scatter.pack(stored, fields, layout.tile_rows, layout.bit_order)
+        return arrays
     arrays["qweight"] = layout.pack(stored)
     if layout.sparse:
         positions = metadata_positions(np.asarray(packed.arrays["meta"]), fmt.sparsity, fmt.packing.word_bits)
         arrays["meta"] = layout.pack_metadata(positions)
     return arrays
+
+
+def scatter_layout(fmt: Format, target: Target, where=None) -> StreamLayout:
+    """The layout of N:M values on a target without a sparse MMA: the dense MMA's lane tables
+    with the K shuffle, each lane holding its own kept codes and metadata (`sparse_scatter.py`;
+    ScheduleError where the lane tables or the sparsity do not allow it)."""
+    try:
+        return _scatter_layout(fmt, target, id(target))
+    except ScheduleError as e:  # (the cached search knows no spec line)
+        raise ScheduleError(e.message, where) from None
+
+
+@lru_cache(maxsize=None)
+def _scatter_layout(fmt: Format, target: Target, _identity: int) -> StreamLayout:
+    """`scatter_layout`, once per (format, target): the plan's search tries every vector length.
+    Keyed by the target object too: targets compare without their lane tables, and a copy
+    with other tables (a test's mutation) must not get this one's layout."""
+    sp = fmt.sparsity
+    assert isinstance(sp, NMSparsity)
+    mm, mn, mk = target.mma
+    a_table, b_table = target.lane_elements("a", mm, mk), target.lane_elements("b", mk, mn)
+    if a_table is None or b_table is None:
+        raise ScheduleError(f"the weight-stream pipeline needs the lane layout of {target.name}'s "
+                            "MMA A operand, which the target does not declare")
+    plan = scatter_plan(sp, fmt.element.bits, a_table, mk, lambda t: activation_permutation(b_table[0], t, mk)[0],
+                        fmt.scale.group_size, fmt.name)
+    k_perm, run_start = activation_permutation(b_table[0], plan.tiles, mk)
+    rows, cols = a_table
+    return StreamLayout(fmt.element.bits, mm, mk, rows, cols, None, k_perm,
+                        plan.tiles * distinct_k_rows(b_table[0]).shape[1], tuple(int(v) for v in run_start),
+                        sp.block_k // sp.kept_per_block, placement_for(fmt.element), plan)

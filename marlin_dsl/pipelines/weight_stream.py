@@ -14,12 +14,18 @@ from .base import ScheduleShape, register_pipeline, require_positive
 
 
 def check_stream(schedule: ScheduleShape, kind: str, fmt: Format, target: Target,
-                 vectors: bool = False) -> None:
+                 vectors: bool = False, scatter: bool = False) -> None:
     """What the stream layout asks of a schedule: warp tiles of whole MMA tiles (N as the MMA's
     M, M as its N), K steps of one vector load per lane (`vectors`: or of several consecutive
-    ones inside one scale group), scale groups of whole K tiles."""
+    ones inside one scale group), scale groups of whole K tiles; and a pipeline that reads the
+    scattered N:M layout (`scatter`) where the format has it."""
     where, name = schedule.location, schedule.name
     layout = stream_layout(fmt, target, where)
+    if layout.scatter is not None and not scatter:
+        raise ScheduleError(
+            f"schedule {name!r}: {kind} does not read the scattered N:M layout that format "
+            f"{fmt.name!r} has on {target.name} (no sparse MMA for its pattern: the lanes scatter "
+            "their kept values); use weight_stream", where)
     rows_per_warp = schedule.tile_n // schedule.warps_n
     if rows_per_warp % layout.tile_rows:
         raise ScheduleError(
@@ -93,7 +99,7 @@ class WeightStream:
         return schedule.warps_m * schedule.warps_n * self.k_warps
 
     def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
-        check_stream(schedule, self.kind, fmt, target, vectors=True)
+        check_stream(schedule, self.kind, fmt, target, vectors=True, scatter=True)
 
 
 __all__ = ["WeightStream", "check_stream"]

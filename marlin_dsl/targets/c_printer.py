@@ -187,7 +187,8 @@ class CPrinter:
 
 #: Short spellings of the truth tables the lowering uses; any other is printed as its minterms.
 _LUT_FORMS = {0xEA: "(({a} & {b}) | {c})", 0xF8: "({a} | ({b} & {c}))", 0xC0: "({a} & {b})",
-              0xFC: "({a} | {b})", 0x96: "({a} ^ {b} ^ {c})", 0x80: "({a} & {b} & {c})"}
+              0xFC: "({a} | {b})", 0x96: "({a} ^ {b} ^ {c})", 0x80: "({a} & {b} & {c})",
+              0xD8: "(({a} & ~{c}) | ({b} & {c}))"}
 
 
 def lop3_expression(lut: int, a: str, b: str, c: str) -> str:

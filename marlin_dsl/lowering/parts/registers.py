@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 
 from ...ir import U32, Value, VectorType
-from ...layouts.weight_stream import VECTOR_WORDS
 from .context import GemmParts
 
 
@@ -55,7 +54,7 @@ class RegisterFetch(GemmParts):
             ks = self.op2("min", ks, self.last_step, hint="kc")
         kvs = self.step_vectors(ks)
         out = [self.load_words(j, kv) for kv in kvs for j in range(self.nsub)]
-        if self.sparse:
+        if self.layout.has_meta:
             out += [self.load_meta(j, kv) for kv in kvs for j in range(self.nsub)]
         if self.prefetch_params:
             out += self.fetch_params(kvs[0])
@@ -66,22 +65,26 @@ class RegisterFetch(GemmParts):
         group parameters or None)."""
         per = self.vectors * self.nsub
         words = [fetched[v * self.nsub:(v + 1) * self.nsub] for v in range(self.vectors)]
-        used = 2 * per if self.sparse else per
+        used = 2 * per if self.layout.has_meta else per
         meta = [fetched[per + v * self.nsub:per + (v + 1) * self.nsub] for v in range(self.vectors)] \
-            if self.sparse else [[] for _ in range(self.vectors)]
+            if self.layout.has_meta else [[] for _ in range(self.vectors)]
         if not self.prefetch_params:
             return words, meta, None
         return words, meta, self.unpack_params(fetched[used:])
 
     def load_meta(self, j: int, kv: Value) -> Value:
-        """One lane's sparse-MMA metadata words for N tile j and K vector kv (one per tile pair)."""
+        """One lane's sparse-MMA metadata words for N tile j and K vector kv (one per tile pair);
+        a scattered layout's metadata words (absent: 0, which selects no kept value)."""
         size = self.layout.meta_words
         idx, pred = self.lane_slot(j, kv, size, "mi")
         b = self.b
-        if pred is None:  # clamped: a real tile's metadata, valid for the MMA
+        # Clamped: a real tile's metadata. Scattered: a predicated load's 0 where the tile is
+        # absent, a field that selects no kept value.
+        if pred is None or self.layout.scatter is not None:
+            operands = [idx] + ([pred] if pred is not None else [])
             if size == 1:
-                return b.load("meta", idx, U32, hint="meta")
-            return b.value("vload", [idx], VectorType(U32, size), {"buffer": "meta", "size": size}, hint="meta")
+                return b.value("load", operands, U32, {"buffer": "meta"}, hint="meta")
+            return b.value("vload", operands, VectorType(U32, size), {"buffer": "meta", "size": size}, hint="meta")
         # Where the tile is absent the MMA still runs (its rows are never stored): give it the
         # valid ordered positions (0, 1) in every group (0b0100 per field), not zeros, whose
         # result is undefined on the hardware.
@@ -103,11 +106,15 @@ class RegisterFetch(GemmParts):
         return self.op2("mul", lane, size, hint=hint), pred
 
     def load_words(self, j: int, kv: Value) -> Value:
-        """One lane's vector of weight words for N tile j and K vector kv (0 where absent)."""
+        """One lane's vector of weight words for N tile j and K vector kv (0 where absent):
+        VECTOR_WORDS, or a scattered layout's `code_words` (one word: a scalar load)."""
         b = self.b
-        idx, pred = self.lane_slot(j, kv, VECTOR_WORDS, "wi")
-        return b.value("vload", [idx] + ([pred] if pred is not None else []), VectorType(U32, VECTOR_WORDS),
-                       {"buffer": "qweight", "size": VECTOR_WORDS}, hint="qw")
+        size = self.layout.code_words
+        idx, pred = self.lane_slot(j, kv, size, "wi")
+        operands = [idx] + ([pred] if pred is not None else [])
+        if size == 1:
+            return b.value("load", operands, U32, {"buffer": "qweight"}, hint="qw")
+        return b.value("vload", operands, VectorType(U32, size), {"buffer": "qweight", "size": size}, hint="qw")
 
     def x_row(self, mt: int, hint: str, col: int = 0) -> tuple[Value | None, Value]:
         """(this lane's activation row m < M, m * K) for M tile mt and the lane's M column

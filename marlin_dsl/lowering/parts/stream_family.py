@@ -19,7 +19,7 @@ from ..decode import encoding_tables
 from ..group_params import GroupValues
 from ..pair_decode import PairDecoder
 from ...layouts.weight_stream import StreamLayout, stream_layout
-from .context import GemmParts
+from .scatter import ScatterFragments
 
 
 def lane_base_and_offsets(table: np.ndarray, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -33,7 +33,7 @@ def lane_base_and_offsets(table: np.ndarray, what: str) -> tuple[tuple[int, ...]
     return tuple(int(v) for v in base), tuple(int(v) for v in offsets[0])
 
 
-class StreamFamily(GemmParts):
+class StreamFamily(ScatterFragments):
     """Lane tables, setup, decode and MMAs of the stream-layout pipelines."""
 
     layout: StreamLayout
@@ -74,6 +74,10 @@ class StreamFamily(GemmParts):
         #: loads read clamped indices without predicates (the weight stream turns it on where
         #: K is whole vectors: `RegisterFetch.setup_fetch`, which sets `last_n` and the rest)
         self.clamped = False
+        #: a scattered layout whose vectors span several scale groups, each lane's run in one:
+        #: each lane loads its own run's parameters (its run's start: the `a_run0` table)
+        self.lane_groups = self.layout.scatter is not None and not (
+            g == "K" or int(g) % self.layout.dense_chunk == 0)
         self.b_k_base, self.b_k_off = lane_base_and_offsets(b_k, "B k")
         self.b_n_base, self.b_n_off = lane_base_and_offsets(b_n, "B n")
         #: B elements come in (adjacent K, same M column) pairs (CUDA): one 2-wide activation
@@ -120,6 +124,8 @@ class StreamFamily(GemmParts):
         self.b_n0 = b.value("table", [self.lane], U32, {"name": "b_n0"}, hint="bn")
         if self.x_perm:
             self.x_run0 = b.value("table", [self.lane], U32, {"name": "x_run0"}, hint="xr")
+        if self.lane_groups:
+            self.a_run0 = b.value("table", [self.lane], U32, {"name": "a_run0"}, hint="ak")
         gx, gy = b.index("group_x"), b.index("group_y")
         self.m0 = self.op2("mul", gy, s.tile_m, hint="m0")
         self.block_nt0 = self.op2("mul", gx, s.tile_n // mm, hint="nt")
@@ -137,7 +143,7 @@ class StreamFamily(GemmParts):
         g = self.fmt.scale.group_size
         # Scales change at most once per vector when groups cover whole vectors: then they
         # are fetched a step ahead, instead of stalling every step.
-        self.prefetch_params = g == "K" or int(g) % self.layout.dense_chunk == 0
+        self.prefetch_params = g == "K" or int(g) % self.layout.dense_chunk == 0 or self.lane_groups
         return wn, w2
 
     def stream_tables(self, extra: Sequence[ConstTable] = ()) -> list[ConstTable]:
@@ -147,11 +153,18 @@ class StreamFamily(GemmParts):
             ConstTable("b_n0", U32, self.b_n_base), *extra]
         if self.x_perm:
             tables.append(ConstTable("x_run0", U32, self.layout.x_run_start))
+        if self.lane_groups:
+            tables.append(ConstTable("a_run0", U32, self.plan.lane_base))
+        if self.layout.scatter is not None:
+            tables += self.scatter_tables()
         return tables
 
     def fetch_params(self, kv: Value) -> list[Value]:
-        """Step kv's group parameters of every N tile and row offset, flat."""
+        """Step kv's group parameters of every N tile and row offset, flat (with `lane_groups`:
+        of the group holding this lane's run)."""
         k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+        if self.lane_groups:
+            k_vec0 = self.op2("add", k_vec0, self.a_run0, hint="ka")
         out: list[Value] = []
         for j in range(self.nsub):
             for params in self.row_params(j, k_vec0).values():
@@ -210,10 +223,14 @@ class StreamFamily(GemmParts):
         b, lay = self.b, self.layout
         new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs] if self.scale_sums else list(accs)
         for words, meta, b_frags_for in [(words, meta, b_frags_for), *more]:
+            caches: list[dict] = [{} for _ in range(self.nsub)]  # scattered: per N tile's vector
             for s_ in range(lay.tiles):
                 b_frags = b_frags_for(s_)
                 for j in range(self.nsub):
-                    a = self.a_fragment(words[j], s_, params_for(j, s_))
+                    if lay.scatter is not None:
+                        a = self.scatter_fragment(caches[j], words[j], meta[j], s_, params_for(j, s_))
+                    else:
+                        a = self.a_fragment(words[j], s_, params_for(j, s_))
                     if self.sparse:
                         m_word = meta[j] if lay.meta_words == 1 else \
                             b.value("extract", [meta[j]], U32, {"index": s_ // 2}, hint="mw")

@@ -55,6 +55,8 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
     # (bench/results/gpu/ncu_m64_m128_probe_h100_2026-11-22.json: at M = 64 on 4096 x 14336
     # its 64 x 128 tiles take 67 us for fp4 and 49 us for fp4 2:4, the weight-stream 64-row
     # tiles 78 and 166 us; where N <= K the weight-stream tiles stay ahead: 82 vs 213 us).
+    if stream_layout(fmt, target).scatter is not None:  # N:M without mma.sp: only the stream reads it
+        return make("stream_m32", 32, 8)
     return multistage_schedule(fmt, m, target, k, n)
 
 

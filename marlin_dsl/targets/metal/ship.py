@@ -17,7 +17,7 @@ from ...formats import Format
 from ...formats.scaling import PER_COLUMN
 from ...formats.text import format_to_text
 from ...ir.text import print_kernel
-from ...layouts.weight_stream import VECTOR_WORDS, stream_layout
+from ...layouts.weight_stream import stream_layout
 
 HEADER_BEGIN = "// ---- marlin-dsl: header begin ----\n"
 HEADER_END = "// ---- marlin-dsl: header end ----\n"
@@ -65,12 +65,16 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
         shapes["counters"] = f"[ceil(M/{s.tile_m}) * ceil(N/{s.tile_n})]"
     layout = kernel.attrs.get("weight_layout")
     extra = {}
-    if layout is not None:  # qweight re-laid out at pack time (layouts/weight_stream.py)
+    if layout is not None:  # qweight (and N:M metadata) re-laid out at pack time (layouts/weight_stream.py)
         stream = stream_layout(fmt, compiled.target)
-        shapes["qweight"] = (f"[ceil(N/{stream.tile_rows}) * ceil(K/{stream.dense_chunk}) * "
-                             f"{stream.lanes * VECTOR_WORDS}]")
+        vectors = f"ceil(N/{stream.tile_rows}) * ceil(K/{stream.dense_chunk})"
+        shapes["qweight"] = f"[{vectors} * {stream.lanes * stream.code_words}]"
+        laid_out = "qweight"
+        if stream.has_meta:
+            shapes["meta"] = f"[{vectors} * {stream.lanes * stream.meta_words}]"
+            laid_out = "qweight and meta"
         extra = {"weight_layout": layout,
-                 "weights": ("qweight in the kernel's layout: marlin_dsl.kernel_args.to_kernel_layout("
+                 "weights": (f"{laid_out} in the kernel's layout: marlin_dsl.kernel_args.to_kernel_layout("
                              f"{{'weight_layout': {layout!r}, 'target': {compiled.target.name!r}}}, "
                              "marlin_dsl.pack(format, w)); the other arrays as packed")}
     return {
