@@ -37,6 +37,7 @@ from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler
 from marlin_dsl.targets.metal.description import STREAM_LAYOUT
 from marlin_dsl.targets.metal.printer import print_metal
 from marlin_dsl.targets.metal.runtime import RUNTIME, stream_schedule
+from marlin_dsl.targets.metal.tuning import multistage_schedule
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -195,7 +196,9 @@ def test_stream_kernel_on_harness_matches_reference(built, case) -> None:
     name, act, m_tuned = case
     gemm, kernel, compiled = built[case]
     fmt = FORMATS[name]
-    assert kernel.attrs["weight_layout"] == STREAM_LAYOUT and kernel.attrs["pipeline"] == "weight_stream"
+    # the tuned kernel: the stream up to 32 rows, the multistage pipeline above (both read the layout)
+    assert kernel.attrs["weight_layout"] == STREAM_LAYOUT
+    assert kernel.attrs["pipeline"] == ("weight_stream" if m_tuned <= 32 else "multistage")
     for seed, (m, n, k) in enumerate(_shapes(fmt, m_tuned)):
         rng = np.random.default_rng(100 + seed)
         packed = md.pack(fmt, sample_weights(fmt, k, n, rng))
@@ -291,9 +294,13 @@ def test_stream_costs_less_than_first_generation_pinned(name: str) -> None:
 def test_metal_layers_pick_the_stream(name: str) -> None:
     fmt = FORMATS[name]
     chunk = stream_layout(fmt, METAL).dense_chunk
-    for m, tile_m in ((1, 8), (9, 16), (17, 32), (4096, 32)):
+    for m, tile_m in ((1, 8), (9, 16), (17, 32)):
         s = stream_schedule(fmt, m, 4096, 4096)
         assert s is not None and (s.tile_m, s.tile_k, s.pipeline.kind) == (tile_m, chunk, "weight_stream")
+    # above 32 rows the multistage pipeline on the same layout, where its buffer fits
+    large = stream_schedule(fmt, 4096, 4096, 4096)
+    wanted = (64, "multistage") if multistage_schedule(fmt, 4096) is not None else (32, "weight_stream")
+    assert large is not None and (large.tile_m, large.pipeline.kind) == wanted
     assert RUNTIME.layer_layout(fmt, 4096 if name != "int3_g160" else 4000, 64) == STREAM_LAYOUT
 
 
