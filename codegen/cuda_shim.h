@@ -27,8 +27,8 @@
 //     declaration of the dynamic block, which the harness defines before the kernel. The
 //     runtime poisons this library's whole thread-local block (0xFF) before every block.
 //   - threadIdx, blockIdx, blockDim, gridDim read the running fiber's and block's indices;
-//     __syncthreads is a block barrier, __syncwarp a warp rendezvous (cuda_shim_runtime.h;
-//     a launch, with the poisoning, faults and timeout: cuda_shim_launch.h);
+//     __syncthreads is a block barrier, __syncwarp a warp rendezvous (codegen/shim_runtime.h,
+//     the runtime shared with the Metal shim; CUDA's part of it in cuda_shim_runtime.h);
 //     __threadfence(_block) are no-ops (fibers switch only at synchronisation points, so
 //     every write is visible to every later read); atomicAdd is a plain read-modify-write for
 //     the same reason; __ldcg is a plain load.
@@ -45,7 +45,6 @@
 
 #include "cuda_shim_half.h"
 #include "cuda_shim_runtime.h"
-#include "cuda_shim_launch.h"
 
 #define MDSL_CPU_SHIM 1
 #define MDSL_HOST_HALF_TYPES 1
@@ -59,7 +58,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ thread_local __attribute__((used))  // used: never folded as never written
 
-#define threadIdx (::mdsl_cpu::g_fiber->thread_idx)
+#define threadIdx (::mdsl_cpu::dim3_t{::mdsl_cpu::g_fiber->tid, 0u, 0u})
 #define blockIdx (::mdsl_cpu::g_group->pos)
 #define blockDim (::mdsl_cpu::dim3_t{::mdsl_cpu::g_group->T, 1u, 1u})
 #define gridDim (::mdsl_cpu::g_group->dims)
@@ -75,7 +74,7 @@ inline void __syncthreads(std::source_location loc = std::source_location::curre
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, std::source_location loc = std::source_location::current()) {
   if (mask != 0xFFFFFFFFu)
     mdsl_cpu::fail(mdsl_cpu::fmt("__syncwarp with mask %#x: the shim synchronises whole warps only", mask));
-  mdsl_cpu::warp_collective(mdsl_cpu::CALL_SYNCWARP, loc, nullptr, nullptr);
+  mdsl_cpu::collective(mdsl_cpu::CALL_SYNCWARP, loc, nullptr, nullptr);
 }
 
 inline void __threadfence() {}

@@ -135,7 +135,7 @@ namespace mdsl {
 inline frag_c mma(const frag_a<__half>& a, const frag_b<__half>& b, const frag_c& c, std::source_location loc) {
   frag_c d;
   mdsl_cpu::MmaArgs args{a.x, b.x, c.x, d.x, 0u};
-  mdsl_cpu::warp_collective(mdsl_cpu::CALL_MMA, loc, &args, &mdsl_cpu::exec_mma<false>);
+  mdsl_cpu::collective(mdsl_cpu::CALL_MMA, loc, &args, &mdsl_cpu::exec_mma<false>);
   return d;
 }
 
@@ -143,7 +143,7 @@ inline frag_c mma(const frag_a<__nv_bfloat16>& a, const frag_b<__nv_bfloat16>& b
                   std::source_location loc) {
   frag_c d;
   mdsl_cpu::MmaArgs args{a.x, b.x, c.x, d.x, 0u};
-  mdsl_cpu::warp_collective(mdsl_cpu::CALL_MMA, loc, &args, &mdsl_cpu::exec_mma<true>);
+  mdsl_cpu::collective(mdsl_cpu::CALL_MMA, loc, &args, &mdsl_cpu::exec_mma<true>);
   return d;
 }
 
@@ -153,7 +153,7 @@ inline frag_c mma_sp(const frag_a<__half>& a, const frag_b32<__half>& b, const f
   static_assert(SEL == 0 || SEL == 1, "mma_sp: the m16n8k32 sparsity selector is 0 or 1");
   frag_c d;
   mdsl_cpu::MmaArgs args{a.x, b.x, c.x, d.x, meta};
-  mdsl_cpu::warp_collective(mdsl_cpu::CALL_MMA_SP, loc, &args, &mdsl_cpu::exec_mma_sp<false, SEL>);
+  mdsl_cpu::collective(mdsl_cpu::CALL_MMA_SP, loc, &args, &mdsl_cpu::exec_mma_sp<false, SEL>);
   return d;
 }
 
@@ -163,7 +163,7 @@ inline frag_c mma_sp(const frag_a<__nv_bfloat16>& a, const frag_b32<__nv_bfloat1
   static_assert(SEL == 0 || SEL == 1, "mma_sp: the m16n8k32 sparsity selector is 0 or 1");
   frag_c d;
   mdsl_cpu::MmaArgs args{a.x, b.x, c.x, d.x, meta};
-  mdsl_cpu::warp_collective(mdsl_cpu::CALL_MMA_SP, loc, &args, &mdsl_cpu::exec_mma_sp<true, SEL>);
+  mdsl_cpu::collective(mdsl_cpu::CALL_MMA_SP, loc, &args, &mdsl_cpu::exec_mma_sp<true, SEL>);
   return d;
 }
 
@@ -182,21 +182,21 @@ inline void cp_async(void* dst, const void* src, bool pred) {
   else
     std::memset(copy.data, 0, BYTES);  // src-size 0: zero-fill, nothing read
   std::memset(dst, 0xFF, BYTES);       // in flight: what a premature read finds
-  f->uncommitted.push_back(copy);
+  mdsl_cpu::async_queue(f).uncommitted.push_back(copy);
 }
 
 inline void cp_async_commit() {
-  mdsl_cpu::Fiber* f = mdsl_cpu::g_fiber;
-  f->groups.push_back(std::move(f->uncommitted));
-  f->uncommitted.clear();
+  mdsl_cpu::AsyncQueue& q = mdsl_cpu::async_queue(mdsl_cpu::g_fiber);
+  q.groups.push_back(std::move(q.uncommitted));
+  q.uncommitted.clear();
 }
 
 template <int N>
 inline void cp_async_wait() {
-  mdsl_cpu::Fiber* f = mdsl_cpu::g_fiber;
-  while (f->groups.size() > (size_t)N) {
-    for (const mdsl_cpu::AsyncCopy& c : f->groups.front()) std::memcpy(c.dst, c.data, (size_t)c.bytes);
-    f->groups.erase(f->groups.begin());
+  mdsl_cpu::AsyncQueue& q = mdsl_cpu::async_queue(mdsl_cpu::g_fiber);
+  while (q.groups.size() > (size_t)N) {
+    for (const mdsl_cpu::AsyncCopy& c : q.groups.front()) std::memcpy(c.dst, c.data, (size_t)c.bytes);
+    q.groups.erase(q.groups.begin());
   }
 }
 

@@ -15,26 +15,21 @@
 //     threadgroup_barrier, simdgroup_barrier, atomic_uint + atomic_fetch_add_explicit,
 //     simdgroup_matrix<T, 8, 8> with simdgroup_load / simdgroup_store /
 //     simdgroup_multiply_accumulate / make_filled_simdgroup_matrix / thread_elements().
-//   - the runtime (namespace mtl_rt) that executes a launch.
+//   - the runtime (namespace mtl_rt) that executes a launch: codegen/shim_runtime.h, shared
+//     with the CUDA shim, in Metal's words, with the simdgroup matrices.
 //
-// Execution model of the runtime
+// Execution model of the runtime (codegen/shim_runtime.h has the details)
 //   Threadgroups run one after another, in a random (seeded) order. Within a threadgroup
-//   every thread is a user-level thread (a fiber with its own stack) and all of them run
-//   concurrently, interleaved by a scheduler on the calling OS thread. A fiber runs until it
-//   reaches a synchronisation point; the scheduler then resumes another runnable fiber chosen
-//   at random (seeded xorshift) under one of four policies picked by seed % 4: uniformly
-//   random, or random simdgroup priorities (one simdgroup runs ahead of the others between
-//   threadgroup barriers) without / with rare / with frequent random demotions of the
-//   running simdgroup (see pick_next). Synchronisation points are real rendezvous:
-//     - threadgroup_barrier: the fiber blocks until all threads of the group arrive, at the
-//       same barrier (call site); a different site is reported as a divergent barrier, a
-//       thread that exits while others wait (or before others reach a barrier) as well.
+//   every thread is a fiber, interleaved by a seeded random scheduler on the calling OS thread
+//   at every synchronisation point; these are real rendezvous:
+//     - threadgroup_barrier: all threads of the group, at the same barrier (call site); a
+//       different site, or a thread that exits while others wait (or before others reach a
+//       barrier), is an error.
 //     - simdgroup_barrier and every simdgroup-matrix operation (load, store,
-//       multiply_accumulate): the 32 lanes of the simdgroup rendezvous at the same call site;
-//       the last lane to arrive executes the operation for the whole simdgroup (reading
-//       every lane's operands from that lane's stack, writing every lane's result), after
-//       checking that pointer / leading dimension / transpose agree across lanes, then all
-//       32 lanes become runnable again.
+//       multiply_accumulate): the 32 lanes of the simdgroup at the same call site; the last
+//       lane to arrive executes the operation for the whole simdgroup (reading every lane's
+//       operands from that lane's stack, writing every lane's result), after checking that
+//       pointer / leading dimension / transpose agree across lanes.
 //   A simdgroup_matrix holds, in each lane, only that lane's two elements (Apple's 8x8
 //   layout: lane l holds row (l/4 & 4) + (l/2 % 4), columns (l/4 & 2)*2 + (l%2)*2 and +1),
 //   so thread_elements() is lane-local exactly as on the GPU, and no lane can compute a
@@ -54,25 +49,17 @@
 #pragma GCC diagnostic ignored "-Wunused-but-set-variable"
 
 #include <cmath>
-#include <csetjmp>
-#include <csignal>
-#include <cstdarg>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <limits>
 #include <source_location>
 #include <string>
 #include <type_traits>
-#include <vector>
 
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <ucontext.h>
-#include <unistd.h>
+#define MDSL_SHIM_NAMESPACE mtl_rt
+#include "shim_runtime.h"
 
 #define MTL_SHIM_VERSION 1
 
@@ -332,21 +319,9 @@ typedef metal::vec<bool, 3> bool3;
 typedef metal::vec<bool, 4> bool4;
 typedef metal::vec<ulong, 2> ulong2;
 
-// ----- the runtime ---------------------------------------------------------------------------------
+// ----- the runtime: codegen/shim_runtime.h, in Metal's words, with its simdgroup matrices -----------
 
 namespace mtl_rt {
-
-struct Site {
-  const char* file = "";
-  const char* func = "";
-  unsigned line = 0, col = 0;
-  static Site of(const std::source_location& l) {
-    return Site{l.file_name(), l.function_name(), (unsigned)l.line(), (unsigned)l.column()};
-  }
-  bool operator==(const Site& o) const {
-    return line == o.line && col == o.col && std::strcmp(file, o.file) == 0;
-  }
-};
 
 enum CollKind { COLL_NONE = 0, COLL_SIMD_BARRIER, COLL_LOAD, COLL_STORE, COLL_MMA };
 inline const char* coll_name(int k) {
@@ -355,9 +330,8 @@ inline const char* coll_name(int k) {
   return names[k];
 }
 
+// One lane's operands of a simdgroup-matrix operation (on the lane's stack while it waits).
 struct Coll {
-  int kind = COLL_NONE;
-  Site site;
   void* d = nullptr;
   const void* a = nullptr;
   const void* b = nullptr;
@@ -367,7 +341,20 @@ struct Coll {
   bool transpose = false;
 };
 
-enum FiberState { F_NEW, F_RUNNABLE, F_RUNNING, F_TG_BARRIER, F_WARP, F_DONE };
+// The memory side of a simdgroup_load / simdgroup_store.
+inline Coll in_memory(const void* mem, ulong ld, ulong2 origin, bool transpose) {
+  Coll c;
+  c.mem = mem;
+  c.ld = ld;
+  c.ox = origin.x;
+  c.oy = origin.y;
+  c.transpose = transpose;
+  return c;
+}
+
+inline const Coll& lane_coll(Group* g, uint w, uint lane) {
+  return *static_cast<const Coll*>(g->fibers[w * 32 + lane].call.args);
+}
 
 struct Ids {
   uint3 threadgroup_position_in_grid, threadgroups_per_grid, threads_per_grid, thread_position_in_grid,
@@ -381,178 +368,10 @@ struct Ids {
 
 typedef void (*Thunk)(void* ctx, const Ids& ids);
 
-struct Group;
-
-struct Fiber {
-  Group* group = nullptr;
-  uint tid = 0;
-  int state = F_NEW;
-  jmp_buf jb;
-  ucontext_t uc;
-  char* stack = nullptr;  // usable stack (above the guard page)
-  size_t stack_size = 0;
-  Site site;  // where it waits
-  Coll coll;
+struct Kernel {
+  Thunk thunk;
+  void* ctx;
 };
-
-struct Warp {
-  int arrived = 0;
-  Coll first;  // the first lane's operation (site, kind)
-};
-
-struct Group {
-  uint T = 0, W = 0;
-  uint3 pos, dims;
-  std::vector<Fiber> fibers;
-  std::vector<Warp> warps;
-  std::vector<std::vector<int>> runnable;  // per simdgroup: its runnable lanes (thread ids)
-  size_t n_runnable = 0;
-  std::vector<int> priority;  // simdgroup ids, highest priority first
-  int policy = 0;             // see pick_next
-  uint64_t demote_mask = 0;   // demote the running simdgroup when (random & mask) == 0
-  uint tg_arrived = 0;
-  Site tg_site;
-  uint finished = 0;
-  jmp_buf sched;
-  ucontext_t sched_uc;
-  bool failed = false;
-  std::string error;
-  uint64_t rng = 0;
-  Thunk thunk = nullptr;
-  void* ctx = nullptr;
-};
-
-// The launch in progress on this OS thread (one launch at a time per thread).
-inline thread_local Group* g_group = nullptr;
-inline thread_local Fiber* g_fiber = nullptr;
-
-inline uint64_t next_random(uint64_t& s) {
-  s ^= s << 13;
-  s ^= s >> 7;
-  s ^= s << 17;
-  return s;
-}
-
-inline std::string fmt(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
-inline std::string where(const Group* g, uint tid) {
-  return fmt("threadgroup (%u, %u, %u), thread %u (simdgroup %u, lane %u)", g->pos.x, g->pos.y,
-             g->pos.z, tid, tid / 32, tid % 32);
-}
-
-inline std::string site_str(const Site& s) { return fmt("line %u:%u", s.line, s.col); }
-
-// Hand control back to the scheduler; returns when the scheduler resumes this fiber.
-inline void suspend(Fiber* f) {
-  if (!_setjmp(f->jb)) _longjmp(f->group->sched, 1);
-}
-
-[[noreturn]] inline void fail(const std::string& msg) {
-  Group* g = g_group;
-  g->failed = true;
-  g->error = msg;
-  _longjmp(g->sched, 1);
-}
-
-inline void make_runnable(Group* g, Fiber* f) {
-  f->state = F_RUNNABLE;
-  g->runnable[f->tid / 32].push_back((int)f->tid);
-  g->n_runnable++;
-}
-
-// Scheduling policies (chosen per launch from the seed, see launch):
-//   0: uniform: any runnable thread of the group, at random;
-//   1..3: simdgroup priority: the simdgroups have a random priority order and a random lane of
-//      the highest-priority simdgroup with a runnable lane runs, so one simdgroup runs ahead of
-//      the others from one threadgroup barrier to the next (exposing missing barriers as
-//      reads of unwritten or stale threadgroup memory); with policies 2 and 3 the running
-//      simdgroup is demoted to the lowest priority at random moments (rarely / often).
-inline int pick_next(Group* g) {
-  int w = -1;
-  if (g->policy == 0) {
-    uint64_t r = next_random(g->rng) % g->n_runnable;
-    for (uint i = 0; i < g->W; ++i) {
-      if (r < g->runnable[i].size()) { w = (int)i; break; }
-      r -= g->runnable[i].size();
-    }
-  } else {
-    for (int i : g->priority)
-      if (!g->runnable[i].empty()) { w = i; break; }
-    if (g->demote_mask && (next_random(g->rng) & g->demote_mask) == 0) {
-      for (size_t i = 0; i < g->priority.size(); ++i)
-        if (g->priority[i] == w) {
-          g->priority.erase(g->priority.begin() + (long)i);
-          g->priority.push_back(w);
-          break;
-        }
-    }
-  }
-  auto& lanes = g->runnable[w];
-  size_t pick = (size_t)(next_random(g->rng) % lanes.size());
-  int id = lanes[pick];
-  lanes[pick] = lanes.back();
-  lanes.pop_back();
-  g->n_runnable--;
-  return id;
-}
-
-inline void threadgroup_barrier_at(const Site& s) {
-  Fiber* f = g_fiber;
-  Group* g = f->group;
-  if (g->finished)
-    fail(fmt("threadgroup_barrier at %s reached by %s after another thread of the group exited",
-             site_str(s).c_str(), where(g, f->tid).c_str()));
-  if (g->tg_arrived == 0) {
-    g->tg_site = s;
-  } else if (!(g->tg_site == s)) {
-    fail(fmt("divergent threadgroup_barrier: %s waits at %s, others at %s", where(g, f->tid).c_str(),
-             site_str(s).c_str(), site_str(g->tg_site).c_str()));
-  }
-  f->site = s;
-  f->state = F_TG_BARRIER;
-  if (++g->tg_arrived == g->T) {
-    g->tg_arrived = 0;
-    for (auto& o : g->fibers) make_runnable(g, &o);
-  }
-  suspend(f);
-}
-
-typedef void (*CollExec)(Group* g, uint warp);
-
-// Rendezvous of the 32 lanes of f's simdgroup at one call site; the last lane runs `exec`.
-inline void collective(Fiber* f, CollExec exec) {
-  Group* g = f->group;
-  uint w = f->tid / 32;
-  Warp& warp = g->warps[w];
-  if (g->finished) {
-    for (uint l = 0; l < 32; ++l)
-      if (g->fibers[w * 32 + l].state == F_DONE)
-        fail(fmt("%s at %s reached by %s after lane %u of its simdgroup exited", coll_name(f->coll.kind),
-                 site_str(f->coll.site).c_str(), where(g, f->tid).c_str(), l));
-  }
-  if (warp.arrived == 0) {
-    warp.first = f->coll;
-  } else if (!(warp.first.site == f->coll.site) || warp.first.kind != f->coll.kind) {
-    fail(fmt("divergent simdgroup operation: %s is at %s (%s), another lane at %s (%s)",
-             where(g, f->tid).c_str(), site_str(f->coll.site).c_str(), coll_name(f->coll.kind),
-             site_str(warp.first.site).c_str(), coll_name(warp.first.kind)));
-  }
-  f->site = f->coll.site;
-  f->state = F_WARP;
-  if (++warp.arrived == 32) {
-    warp.arrived = 0;
-    if (exec) exec(g, w);
-    for (uint l = 0; l < 32; ++l) make_runnable(g, &g->fibers[w * 32 + l]);
-  }
-  suspend(f);
-}
 
 // Apple's 8x8 simdgroup-matrix layout: lane l holds (row, col) and (row, col + 1).
 inline void lane_coord(uint lane, uint& row, uint& col) {
@@ -562,13 +381,14 @@ inline void lane_coord(uint lane, uint& row, uint& col) {
 }
 
 inline void check_uniform(Group* g, uint w) {
-  const Coll& c0 = g->fibers[w * 32].coll;
+  const Coll& c0 = lane_coll(g, w, 0);
   for (uint l = 1; l < 32; ++l) {
-    const Coll& c = g->fibers[w * 32 + l].coll;
+    const Coll& c = lane_coll(g, w, l);
+    const Call& call = g->fibers[w * 32 + l].call;
     if (c.mem != c0.mem || c.ld != c0.ld || c.ox != c0.ox || c.oy != c0.oy || c.transpose != c0.transpose)
       fail(fmt("%s at %s: the pointer, leading dimension, origin or transpose differ between lanes 0 and "
                "%u of simdgroup %u in threadgroup (%u, %u, %u)",
-               coll_name(c.kind), site_str(c.site).c_str(), l, w, g->pos.x, g->pos.y, g->pos.z));
+               coll_name(call.kind), site_str(call.site).c_str(), l, w, g->pos.x, g->pos.y, g->pos.z));
   }
 }
 
@@ -578,10 +398,10 @@ inline size_t elem_offset(const Coll& c, uint r, uint col) {
 
 template <typename T> void exec_load(Group* g, uint w) {
   check_uniform(g, w);
-  const Coll& c0 = g->fibers[w * 32].coll;
+  const Coll& c0 = lane_coll(g, w, 0);
   const T* src = static_cast<const T*>(c0.mem);
   for (uint l = 0; l < 32; ++l) {
-    auto* d = static_cast<metal::simdgroup_matrix<T, 8, 8>*>(g->fibers[w * 32 + l].coll.d);
+    auto* d = static_cast<metal::simdgroup_matrix<T, 8, 8>*>(lane_coll(g, w, l).d);
     uint r, c;
     lane_coord(l, r, c);
     d->e.x = src[elem_offset(c0, r, c)];
@@ -591,10 +411,10 @@ template <typename T> void exec_load(Group* g, uint w) {
 
 template <typename T> void exec_store(Group* g, uint w) {
   check_uniform(g, w);
-  const Coll& c0 = g->fibers[w * 32].coll;
+  const Coll& c0 = lane_coll(g, w, 0);
   T* dst = static_cast<T*>(const_cast<void*>(c0.mem));
   for (uint l = 0; l < 32; ++l) {
-    auto* m = static_cast<const metal::simdgroup_matrix<T, 8, 8>*>(g->fibers[w * 32 + l].coll.a);
+    auto* m = static_cast<const metal::simdgroup_matrix<T, 8, 8>*>(lane_coll(g, w, l).a);
     uint r, c;
     lane_coord(l, r, c);
     dst[elem_offset(c0, r, c)] = m->e.x;
@@ -605,7 +425,7 @@ template <typename T> void exec_store(Group* g, uint w) {
 template <typename TD, typename TA, typename TB, typename TC> void exec_mma(Group* g, uint w) {
   double A[8][8], B[8][8], C[8][8];
   for (uint l = 0; l < 32; ++l) {
-    const Coll& c = g->fibers[w * 32 + l].coll;
+    const Coll& c = lane_coll(g, w, l);
     auto* a = static_cast<const metal::simdgroup_matrix<TA, 8, 8>*>(c.a);
     auto* b = static_cast<const metal::simdgroup_matrix<TB, 8, 8>*>(c.b);
     auto* cc = static_cast<const metal::simdgroup_matrix<TC, 8, 8>*>(c.c);
@@ -616,7 +436,7 @@ template <typename TD, typename TA, typename TB, typename TC> void exec_mma(Grou
     C[r][col] = (double)(float)cc->e.x; C[r][col + 1] = (double)(float)cc->e.y;
   }
   for (uint l = 0; l < 32; ++l) {
-    auto* d = static_cast<metal::simdgroup_matrix<TD, 8, 8>*>(g->fibers[w * 32 + l].coll.d);
+    auto* d = static_cast<metal::simdgroup_matrix<TD, 8, 8>*>(lane_coll(g, w, l).d);
     uint r, col;
     lane_coord(l, r, col);
     for (uint j = 0; j < 2; ++j) {
@@ -628,37 +448,16 @@ template <typename TD, typename TA, typename TB, typename TC> void exec_mma(Grou
   }
 }
 
-// ----- faults and timeout ------------------------------------------------------------------------
-
-inline thread_local sigjmp_buf g_fault_jb;
-inline thread_local volatile sig_atomic_t g_fault_sig = 0;
-inline thread_local void* volatile g_fault_addr = nullptr;
-inline volatile pid_t g_launch_tid = 0;
-inline struct sigaction g_old_actions[5];
-inline const int g_fault_signals[5] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGRTMIN + 4};
-
-inline void fault_handler(int sig, siginfo_t* info, void*) {
-  if ((pid_t)syscall(SYS_gettid) != g_launch_tid) {  // not ours: restore and let it refault
-    for (int i = 0; i < 5; ++i)
-      if (g_fault_signals[i] == sig) sigaction(sig, &g_old_actions[i], nullptr);
-    return;
-  }
-  g_fault_sig = sig;
-  g_fault_addr = info ? info->si_addr : nullptr;
-  siglongjmp(g_fault_jb, 1);
-}
-
-inline void fiber_entry() {
-  Fiber* f = g_fiber;
-  Group* g = f->group;
+inline void run_thread(Group* g, Fiber* f) {
   Ids ids;
   uint T = g->T;
-  ids.threadgroup_position_in_grid = g->pos;
-  ids.threadgroups_per_grid = g->dims;
-  ids.threads_per_grid = uint3(g->dims.x * T, g->dims.y, g->dims.z);
+  uint3 pos(g->pos.x, g->pos.y, g->pos.z), dims(g->dims.x, g->dims.y, g->dims.z);
+  ids.threadgroup_position_in_grid = pos;
+  ids.threadgroups_per_grid = dims;
+  ids.threads_per_grid = uint3(dims.x * T, dims.y, dims.z);
   ids.grid_size = ids.threads_per_grid;
   ids.grid_origin = uint3(0u, 0u, 0u);
-  ids.thread_position_in_grid = uint3(g->pos.x * T + f->tid, g->pos.y, g->pos.z);
+  ids.thread_position_in_grid = uint3(pos.x * T + f->tid, pos.y, pos.z);
   ids.thread_position_in_threadgroup = uint3(f->tid, 0u, 0u);
   ids.threads_per_threadgroup = uint3(T, 1u, 1u);
   ids.dispatch_threads_per_threadgroup = ids.threads_per_threadgroup;
@@ -670,74 +469,8 @@ inline void fiber_entry() {
   ids.quadgroup_index_in_threadgroup = f->tid / 4;
   ids.thread_index_in_quadgroup = f->tid % 4;
   ids.quadgroups_per_threadgroup = ids.dispatch_quadgroups_per_threadgroup = T / 4;
-  g->thunk(g->ctx, ids);
-  f = g_fiber;
-  g = f->group;
-  f->state = F_DONE;
-  g->finished++;
-  if (g->tg_arrived)
-    fail(fmt("%s exited while %u threads wait at the threadgroup_barrier at %s", where(g, f->tid).c_str(),
-             g->tg_arrived, site_str(g->tg_site).c_str()));
-  uint w = f->tid / 32;
-  if (g->warps[w].arrived)
-    fail(fmt("%s exited while %d lanes of its simdgroup wait at %s (%s)", where(g, f->tid).c_str(),
-             g->warps[w].arrived, site_str(g->warps[w].first.site).c_str(), coll_name(g->warps[w].first.kind)));
-  _longjmp(g->sched, 1);
-}
-
-inline std::string deadlock_report(Group* g) {
-  std::string s = fmt("deadlock in threadgroup (%u, %u, %u): no thread can run;", g->pos.x, g->pos.y, g->pos.z);
-  int shown = 0;
-  for (auto& f : g->fibers) {
-    if (f.state == F_DONE || shown >= 6) continue;
-    s += fmt(" thread %u waits at %s (%s);", f.tid, site_str(f.site).c_str(),
-             f.state == F_TG_BARRIER ? "threadgroup_barrier" : coll_name(f.coll.kind));
-    shown++;
-  }
-  return s;
-}
-
-// Runs every thread of one threadgroup to completion. Returns false on an error (g->error).
-inline bool run_group(Group* g) {
-  g->runnable.assign(g->W, {});
-  g->n_runnable = 0;
-  g->priority.resize(g->W);
-  for (uint i = 0; i < g->W; ++i) g->priority[i] = (int)i;
-  for (size_t i = g->W; i > 1; --i) std::swap(g->priority[i - 1], g->priority[next_random(g->rng) % i]);
-  g->finished = 0;
-  g->tg_arrived = 0;
-  g->failed = false;
-  for (auto& w : g->warps) w.arrived = 0;
-  for (auto& f : g->fibers) {
-    make_runnable(g, &f);
-    f.state = F_NEW;
-    f.coll = Coll();
-    getcontext(&f.uc);
-    f.uc.uc_stack.ss_sp = f.stack;
-    f.uc.uc_stack.ss_size = f.stack_size;
-    f.uc.uc_link = nullptr;
-    makecontext(&f.uc, (void (*)())fiber_entry, 0);
-  }
-  while (g->finished < g->T) {
-    if (g->n_runnable == 0) {
-      g->failed = true;
-      g->error = deadlock_report(g);
-      return false;
-    }
-    Fiber* f = &g->fibers[pick_next(g)];
-    g_fiber = f;
-    if (!_setjmp(g->sched)) {
-      if (f->state == F_NEW) {
-        f->state = F_RUNNING;
-        swapcontext(&g->sched_uc, &f->uc);
-      } else {
-        f->state = F_RUNNING;
-        _longjmp(f->jb, 1);
-      }
-    }
-    if (g->failed) return false;
-  }
-  return true;
+  const Kernel* k = static_cast<const Kernel*>(g->kernel);
+  k->thunk(k->ctx, ids);
 }
 
 // Extern symbols bracketing the threadgroup-memory section (absent when the kernel has none).
@@ -754,120 +487,17 @@ inline size_t threadgroup_memory_bytes() {
   return (__start_mtl_tg && __stop_mtl_tg) ? (size_t)(__stop_mtl_tg - __start_mtl_tg) : 0;
 }
 
-// Status codes of `launch`.
-enum { LAUNCH_OK = 0, LAUNCH_ERROR = 1, LAUNCH_FAULT = 2, LAUNCH_TIMEOUT = 3, LAUNCH_BAD_ARGS = 4 };
+inline bool begin_block(Group*, std::string&) {
+  poison_threadgroup_memory();
+  return true;
+}
 
 inline int launch(Thunk thunk, void* ctx, uint gx, uint gy, uint gz, uint threads, uint64_t seed,
                   double timeout_s, size_t stack_bytes, char* err, size_t errlen) {
-  auto report = [&](const std::string& m) {
-    if (err && errlen) std::snprintf(err, errlen, "%s", m.c_str());
-  };
-  if (threads == 0 || threads % 32 || threads > 1024) {
-    report(fmt("threads per threadgroup must be a positive multiple of 32 up to 1024, got %u", threads));
-    return LAUNCH_BAD_ARGS;
-  }
-  if (g_group) {
-    report("a launch is already running on this thread");
-    return LAUNCH_BAD_ARGS;
-  }
-  size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  stack_bytes = (stack_bytes + page - 1) / page * page;
-  size_t per = stack_bytes + page;  // guard page below each stack
-  char* region = (char*)mmap(nullptr, per * threads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (region == MAP_FAILED) {
-    report("cannot map fiber stacks");
-    return LAUNCH_BAD_ARGS;
-  }
-  Group* g = new Group();
-  g->T = threads;
-  g->W = threads / 32;
-  g->dims = uint3(gx, gy, gz);
-  g->fibers.resize(threads);
-  g->warps.resize(threads / 32);
-  g->thunk = thunk;
-  g->ctx = ctx;
-  g->rng = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-  if (!g->rng) g->rng = 1;
-  g->policy = (int)(seed % 4);
-  g->demote_mask = g->policy == 2 ? 1023 : g->policy == 3 ? 63 : 0;
-  for (uint t = 0; t < threads; ++t) {
-    Fiber& f = g->fibers[t];
-    f.group = g;
-    f.tid = t;
-    mprotect(region + t * per, page, PROT_NONE);
-    f.stack = region + t * per + page;
-    f.stack_size = stack_bytes;
-  }
-  // Threadgroups in a random order.
-  size_t total = (size_t)gx * gy * gz;
-  std::vector<uint64_t> order(total);
-  for (size_t i = 0; i < total; ++i) order[i] = i;
-  for (size_t i = total; i > 1; --i) std::swap(order[i - 1], order[next_random(g->rng) % i]);
-
-  // Fault and timeout handling for this OS thread.
-  std::vector<char> altstack_mem(1 << 16);
-  stack_t alt{}, old_alt{};
-  alt.ss_sp = altstack_mem.data();
-  alt.ss_size = altstack_mem.size();
-  sigaltstack(&alt, &old_alt);
-  g_launch_tid = (pid_t)syscall(SYS_gettid);
-  struct sigaction sa{};
-  sa.sa_sigaction = fault_handler;
-  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-  sigemptyset(&sa.sa_mask);
-  for (int i = 0; i < 5; ++i) sigaction(g_fault_signals[i], &sa, &g_old_actions[i]);
-  timer_t timer{};
-  bool have_timer = false;
-  if (timeout_s > 0) {
-    struct sigevent sev{};
-    sev.sigev_notify = SIGEV_THREAD_ID;
-    sev.sigev_signo = SIGRTMIN + 4;
-    sev._sigev_un._tid = g_launch_tid;
-    if (timer_create(CLOCK_MONOTONIC, &sev, &timer) == 0) {
-      have_timer = true;
-      struct itimerspec its{};
-      its.it_value.tv_sec = (time_t)timeout_s;
-      its.it_value.tv_nsec = (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
-      if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
-      timer_settime(timer, 0, &its, nullptr);
-    }
-  }
-  g_group = g;
-  volatile int status = LAUNCH_OK;
-  if (sigsetjmp(g_fault_jb, 1) == 0) {
-    for (size_t i = 0; i < total; ++i) {
-      uint64_t id = order[i];
-      g->pos = uint3((uint)(id % gx), (uint)(id / gx % gy), (uint)(id / ((uint64_t)gx * gy)));
-      poison_threadgroup_memory();
-      if (!run_group(g)) {
-        status = LAUNCH_ERROR;
-        report(g->error);
-        break;
-      }
-    }
-  } else {
-    int sig = g_fault_sig;
-    Fiber* f = g_fiber;
-    std::string who = f ? where(g, f->tid) : std::string("the runtime");
-    if (sig == SIGRTMIN + 4) {
-      status = LAUNCH_TIMEOUT;
-      report(fmt("timeout after %.1f s (in %s)", timeout_s, who.c_str()));
-    } else {
-      status = LAUNCH_FAULT;
-      report(fmt("%s at address %p in %s", sig == SIGSEGV ? "segmentation fault" : sig == SIGBUS ? "bus error"
-                 : sig == SIGFPE ? "arithmetic fault (integer division by zero?)" : "illegal instruction",
-                 g_fault_addr, who.c_str()));
-    }
-  }
-  if (have_timer) timer_delete(timer);
-  for (int i = 0; i < 5; ++i) sigaction(g_fault_signals[i], &g_old_actions[i], nullptr);
-  sigaltstack(&old_alt, nullptr);
-  g_launch_tid = 0;
-  g_group = nullptr;
-  g_fiber = nullptr;
-  munmap(region, per * threads);
-  delete g;
-  return status;
+  const Dialect dialect{"threadgroup", "simdgroup", "threadgroup_barrier", coll_name, 4, begin_block,
+                       run_thread};  // not a global: see shim_runtime.h
+  const Kernel kernel{thunk, ctx};
+  return run_launch(dialect, &kernel, gx, gy, gz, threads, seed, timeout_s, stack_bytes, err, errlen);
 }
 
 }  // namespace mtl_rt
@@ -877,15 +507,11 @@ inline int launch(Thunk thunk, void* ctx, uint gx, uint gy, uint gz, uint thread
 namespace metal {
 
 inline void threadgroup_barrier(mem_flags, std::source_location loc = std::source_location::current()) {
-  mtl_rt::threadgroup_barrier_at(mtl_rt::Site::of(loc));
+  mtl_rt::block_barrier(mtl_rt::Site::of(loc));
 }
 
 inline void simdgroup_barrier(mem_flags, std::source_location loc = std::source_location::current()) {
-  mtl_rt::Fiber* f = mtl_rt::g_fiber;
-  f->coll = mtl_rt::Coll();
-  f->coll.kind = mtl_rt::COLL_SIMD_BARRIER;
-  f->coll.site = mtl_rt::Site::of(loc);
-  mtl_rt::collective(f, nullptr);
+  mtl_rt::collective(mtl_rt::COLL_SIMD_BARRIER, loc, nullptr, nullptr);
 }
 
 template <typename T, int R = 8, int C = 8>
@@ -900,17 +526,9 @@ inline void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, const U* src, ulong ele
                            ulong2 matrix_origin = ulong2(0, 0), bool transpose_matrix = false,
                            std::source_location loc = std::source_location::current()) {
   static_assert(std::is_same_v<std::remove_cv_t<U>, T>, "simdgroup_load: matrix and memory element types differ");
-  mtl_rt::Fiber* f = mtl_rt::g_fiber;
-  f->coll = mtl_rt::Coll();
-  f->coll.kind = mtl_rt::COLL_LOAD;
-  f->coll.site = mtl_rt::Site::of(loc);
-  f->coll.d = &d;
-  f->coll.mem = src;
-  f->coll.ld = elements_per_row;
-  f->coll.ox = matrix_origin.x;
-  f->coll.oy = matrix_origin.y;
-  f->coll.transpose = transpose_matrix;
-  mtl_rt::collective(f, &mtl_rt::exec_load<T>);
+  mtl_rt::Coll c = mtl_rt::in_memory(src, elements_per_row, matrix_origin, transpose_matrix);
+  c.d = &d;
+  mtl_rt::collective(mtl_rt::COLL_LOAD, loc, &c, &mtl_rt::exec_load<T>);
 }
 
 template <typename T, typename U>
@@ -918,33 +536,22 @@ inline void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, U* dst, ulong el
                             ulong2 matrix_origin = ulong2(0, 0), bool transpose_matrix = false,
                             std::source_location loc = std::source_location::current()) {
   static_assert(std::is_same_v<U, T>, "simdgroup_store: matrix and memory element types differ");
-  mtl_rt::Fiber* f = mtl_rt::g_fiber;
   simdgroup_matrix<T, 8, 8> copy = a;  // the operand may be a temporary: keep it on this stack
-  f->coll = mtl_rt::Coll();
-  f->coll.kind = mtl_rt::COLL_STORE;
-  f->coll.site = mtl_rt::Site::of(loc);
-  f->coll.a = &copy;
-  f->coll.mem = dst;
-  f->coll.ld = elements_per_row;
-  f->coll.ox = matrix_origin.x;
-  f->coll.oy = matrix_origin.y;
-  f->coll.transpose = transpose_matrix;
-  mtl_rt::collective(f, &mtl_rt::exec_store<T>);
+  mtl_rt::Coll c = mtl_rt::in_memory(dst, elements_per_row, matrix_origin, transpose_matrix);
+  c.a = &copy;
+  mtl_rt::collective(mtl_rt::COLL_STORE, loc, &c, &mtl_rt::exec_store<T>);
 }
 
 template <typename TD, typename TA, typename TB, typename TC>
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
                                           const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>& c,
                                           std::source_location loc = std::source_location::current()) {
-  mtl_rt::Fiber* f = mtl_rt::g_fiber;
-  f->coll = mtl_rt::Coll();
-  f->coll.kind = mtl_rt::COLL_MMA;
-  f->coll.site = mtl_rt::Site::of(loc);
-  f->coll.d = &d;
-  f->coll.a = &a;
-  f->coll.b = &b;
-  f->coll.c = &c;
-  mtl_rt::collective(f, &mtl_rt::exec_mma<TD, TA, TB, TC>);
+  mtl_rt::Coll op;
+  op.d = &d;
+  op.a = &a;
+  op.b = &b;
+  op.c = &c;
+  mtl_rt::collective(mtl_rt::COLL_MMA, loc, &op, &mtl_rt::exec_mma<TD, TA, TB, TC>);
 }
 
 }  // namespace metal

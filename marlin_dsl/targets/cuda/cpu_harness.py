@@ -9,8 +9,8 @@ types and intrinsics, thread indices, barriers, `__shared__`) and `codegen/cuda_
 (the PTX the prelude wraps: mma.sync m16n8k16, mma.sp::ordered_metadata m16n8k32 and
 cp.async, written from the PTX ISA's fragment rules, not from marlin_dsl's Target tables),
 with a small launcher appended, into a shared library cached by a hash of everything that
-goes into it, loaded with ctypes and run by the shim's runtime (codegen/cuda_shim_runtime.h,
-codegen/cuda_shim_launch.h):
+goes into it, loaded with ctypes and run by the shim's runtime (codegen/shim_runtime.h, shared
+with the Metal harness, and CUDA's part of it, codegen/cuda_shim_runtime.h):
 
 - blocks run one after another in a random (seeded) order; every thread of a block is a fiber,
   all concurrent, switched at every synchronisation point under a seeded random policy
@@ -64,7 +64,7 @@ DEFAULT_FLAGS = ("-std=c++20", os.environ.get("MARLIN_CUDA_CPU_OPT", "-O1"), "-f
                  "-w")
 
 #: The shim's headers, under codegen/ (all of them go into the cache key).
-SHIM_FILES = ("cuda_shim.h", "cuda_shim_half.h", "cuda_shim_runtime.h", "cuda_shim_launch.h", "cuda_shim_ptx.h")
+SHIM_FILES = ("cuda_shim.h", "cuda_shim_half.h", "cuda_shim_runtime.h", "shim_runtime.h", "cuda_shim_ptx.h")
 
 _KERNEL_NAME = "mdsl_cuda_cpu_kernel"
 _ASM = re.compile(r"\basm\b")

@@ -50,7 +50,7 @@ from ..harness_buffers import GuardedBuffer
 from ...ir.core import Kernel
 
 __all__ = ["CompiledMetal", "MetalCPUError", "compile_many", "compile_metal", "find_compiler",
-           "run_metal_cpu", "shim_path", "DEFAULT_FLAGS"]
+           "run_metal_cpu", "shim_path", "DEFAULT_FLAGS", "SHIM_FILES"]
 
 #: g++ flags: C++20 for std::source_location; -fwrapv because Metal integers wrap; no
 #: contraction or fast math so float ops round as the IR says; no _FORTIFY_SOURCE (its
@@ -58,6 +58,10 @@ __all__ = ["CompiledMetal", "MetalCPUError", "compile_many", "compile_metal", "f
 DEFAULT_FLAGS = ("-std=c++20", os.environ.get("MARLIN_METAL_CPU_OPT", "-O1"), "-fPIC", "-shared", "-pthread",
                  "-fwrapv", "-fno-strict-aliasing", "-ffp-contract=off", "-fno-fast-math", "-U_FORTIFY_SOURCE",
                  "-w")
+
+#: The shim's headers, under codegen/ (all of them go into the cache key): the Metal shim and
+#: the runtime it shares with the CUDA shim.
+SHIM_FILES = ("metal_shim.h", "shim_runtime.h")
 
 _KERNEL_NAME = "marlin_metal_cpu_kernel"
 _STATUS = {1: "error", 2: "fault", 3: "timeout", 4: "input"}
@@ -84,6 +88,11 @@ class MetalCPUError(MarlinDSLError):
 def shim_path() -> Path:
     """The installed codegen/metal_shim.h."""
     return Path(str(resources.files("marlin_dsl.codegen").joinpath("metal_shim.h")))
+
+
+def _shim_text() -> str:
+    """The text of every header of the shim (what a build depends on)."""
+    return "\0".join((shim_path().parent / f).read_text() for f in SHIM_FILES)
 
 
 def find_compiler() -> str | None:
@@ -279,7 +288,7 @@ def compile_metal(source: MetalSource | Kernel, *, flags: Iterable[str] = DEFAUL
                                 f"body and kernel name {name}", "input")
         text = shipped_text + launcher_source(src, name)
     all_flags = [*flags, *extra_flags]
-    key = hashlib.sha256("\0".join([text, shim.read_text(), *all_flags, cxx, _compiler_version(cxx)])
+    key = hashlib.sha256("\0".join([text, _shim_text(), *all_flags, cxx, _compiler_version(cxx)])
                          .encode()).hexdigest()[:32]
     root = Path(cache_dir) if cache_dir is not None else _cache_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -310,7 +319,7 @@ def _include_dir(root: Path, cxx: str, flags: list[str]) -> Path:
     """A directory whose `metal_stdlib` includes the shim, with a precompiled header of it
     (built once per shim text, compiler and flags; compiles work without it too)."""
     shim = shim_path()
-    tag = hashlib.sha256("\0".join([str(shim), shim.read_text(), cxx, _compiler_version(cxx), *flags])
+    tag = hashlib.sha256("\0".join([str(shim), _shim_text(), cxx, _compiler_version(cxx), *flags])
                          .encode()).hexdigest()[:16]
     include = root / f"include-{tag}"
     stdlib = include / "metal_stdlib"
