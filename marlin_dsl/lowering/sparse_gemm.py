@@ -114,16 +114,7 @@ class _Lowering(Emitter):
                      for j in range(WARP_N_TILES)]
         zero = b.op("frag_zero", [], [self.frag_c], hint="z").result
         accs = [zero] * (2 * WARP_N_TILES)
-        first = self.fetch(b.const(0), self.op2("lt", b.const(0), s["KT"], hint="has"))
-
-        def body(kt: Value, groups: list[list[Value]]) -> list[Value]:
-            carried_acc, carried_ld = groups
-            nxt = self.op2("add", kt, 1, hint="nk")
-            fetched = self.fetch(nxt, self.op2("lt", nxt, s["KT"], hint="has"))
-            return [*self.compute(carried_acc, carried_ld), *fetched]
-
-        results = self.carried_for(0, s["KT"], 1, [("acc", accs), ("ld", first)], body, iv_hint="kt", hint="acc")
-        self.store(results[:len(accs)])
+        self.store(self.prefetched_loop(accs, s["KT"], self.fetch, self.compute))
         c_rows, c_cols = self.target.lane_elements("c", 16, 8)  # type: ignore[misc]
         tables = [ConstTable("c_row", U32, tuple(int(v) for v in c_rows.ravel())),
                   ConstTable("c_col", U32, tuple(int(v) for v in c_cols.ravel()))]

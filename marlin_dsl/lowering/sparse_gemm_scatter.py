@@ -178,16 +178,7 @@ class _ScatterLowering(Emitter):
                                 U32, {"name": "meta_shift"}, hint="sh") for i in range(groups)] for sel in (0, 1)]
         zero = b.op("frag_zero", [], [self.frag_c], hint="z").result
         accs = [zero] * (2 * WARP_N_TILES)
-        first = self.fetch(b.const(0), self.op2("lt", b.const(0), s["KT"], hint="has"))
-
-        def body(kt: Value, carried: list[list[Value]]) -> list[Value]:
-            carried_acc, carried_ld = carried
-            nxt = self.op2("add", kt, 1, hint="nk")
-            fetched = self.fetch(nxt, self.op2("lt", nxt, s["KT"], hint="has"))
-            return [*self.compute(carried_acc, carried_ld), *fetched]
-
-        results = self.carried_for(0, s["KT"], 1, [("acc", accs), ("ld", first)], body, iv_hint="kt", hint="acc")
-        self.store(results[:len(accs)])
+        self.store(self.prefetched_loop(accs, s["KT"], self.fetch, self.compute))
         m, n, _ = tab.mma
         c_rows, c_cols = self.target.lane_elements("c", m, n)  # type: ignore[misc]
         tables = [_table("a_row", tab.a_row), _table("a_pair", tab.a_pair), _table("meta_word", tab.meta_word),

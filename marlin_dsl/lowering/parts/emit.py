@@ -45,6 +45,23 @@ class Emitter:
             b.yield_(*(body(iv, groups) or ()))
         return loop.results
 
+    def prefetched_loop(self, accs: list[Value], count: Value,
+                        fetch: Callable[[Value, Value], list[Value]],
+                        compute: Callable[[list[Value], list[Value]], list[Value]]) -> list[Value]:
+        """for kt in 0 .. count: `compute(accumulators, step kt's loads)` while step kt + 1's
+        loads are issued (`fetch(kt, in range)`: register double buffering, the loads carried
+        round the loop); returns the final accumulators."""
+        first = fetch(self.b.const(0), self.op2("lt", self.b.const(0), count, hint="has"))
+
+        def body(kt: Value, carried: list[list[Value]]) -> list[Value]:
+            carried_acc, carried_ld = carried
+            nxt = self.op2("add", kt, 1, hint="nk")
+            fetched = fetch(nxt, self.op2("lt", nxt, count, hint="has"))
+            return [*compute(carried_acc, carried_ld), *fetched]
+
+        results = self.carried_for(0, count, 1, [("acc", accs), ("ld", first)], body, iv_hint="kt", hint="acc")
+        return results[:len(accs)]
+
     def counted_loop(self, trip: int, body: Callable[[Value], None], hint: str = "i") -> None:
         """A constant-trip `for` without carried values (the unroll pass unrolls it)."""
         self.carried_for(0, trip, 1, [], lambda iv, _: body(iv), iv_hint=hint)
