@@ -15,6 +15,10 @@ float64 product of the layer's own packed weight (`checks/gpu_output.check_gpu_o
 error model's norm, bias and worst-element checks). Each row names the schedule the CUDA
 tuning picks for that M (`targets/cuda/tuning.tuned_schedule`). A table is printed last;
 results.json goes to --out; exit 1 if anything fails.
+
+`--time` instead times the layers (`benchmarks/timing.kernel_time`: back-to-back calls in
+batches, median, rotating weight copies) at 4096 x 14336 for M = 1 and 2048, with fp16
+`nn.Linear` and MLX's 4-bit `nn.QuantizedLinear` (group 64) in the same run; timing.json.
 """
 from __future__ import annotations
 
@@ -73,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES), help="KxN,...")
+    ap.add_argument("--time", action="store_true", help="time the layers instead (timing.json)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    if args.time:
+        return time_layers(args, rng)
     if not os.environ.get("MARLIN_DSL_POISON"):
         print("set MARLIN_DSL_POISON=1: without it an output a kernel never writes is not caught")
         return 2
-    rng = np.random.default_rng(args.seed)
     ms = [int(v) for v in args.ms.split(",")]
     rows: list[dict] = []
     for name, fmt in example_formats(args.formats).items():
@@ -117,6 +124,40 @@ def main(argv: list[str] | None = None) -> int:
          "rows": rows}, indent=1, default=str))
     print(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed; results in {args.out / 'results.json'}")
     return 1 if failed else 0
+
+
+def time_layers(args, rng: np.random.Generator, k: int = 4096, n: int = 14336, ms: tuple[int, ...] = (1, 2048)) -> int:
+    """Median seconds per layer call, every example format against fp16 and MLX 4-bit."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from marlin_dsl.benchmarks.provenance import git_commit
+    from marlin_dsl.benchmarks.timing import copies_for, kernel_time
+    from marlin_dsl.nn import MarlinLinear
+
+    weights = [mx.array(rng.standard_normal((n, k)) * 0.02).astype(mx.float16) for _ in range(copies_for(k * n // 2))]
+
+    def linear(w: mx.array) -> nn.Linear:
+        layer = nn.Linear(k, n, bias=False)
+        layer.weight = w
+        return layer
+
+    subjects = {"fp16": [linear(w) for w in weights],
+                "mlx_4bit_g64": [nn.QuantizedLinear.from_linear(linear(w), group_size=64, bits=4) for w in weights]}
+    for name, fmt in example_formats(args.formats).items():
+        subjects[name] = [MarlinLinear.from_linear(linear(w), fmt) for w in weights]
+    rows = []
+    for m in ms:
+        x = mx.array(rng.standard_normal((m, k))).astype(mx.float16)
+        for name, layers in subjects.items():
+            t = kernel_time(mx, lambda i, layers=layers: layers[i % len(layers)](x), 5)
+            rows.append({"subject": name, "K": k, "N": n, "M": m, "us": t.per_launch_s * 1e6,
+                         "schedule": schedule_name(layers[0].format, m, k, n) if name not in ("fp16", "mlx_4bit_g64") else ""})
+            print(f"{name:22} M={m:<5} {t.per_launch_s * 1e6:9.1f} us  {rows[-1]['schedule']}", flush=True)
+    (args.out / "timing.json").write_text(json.dumps(
+        {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "device": device_name(),
+         "copies": len(weights), "rows": rows}, indent=1))
+    return 0
 
 
 def device_name() -> str:
