@@ -78,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES), help="KxN,...")
     ap.add_argument("--time", action="store_true", help="time the layers instead (timing.json)")
+    ap.add_argument("--time-ms", default="1,2048", help="M of the timing")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(args.seed)
     if args.time:
-        return time_layers(args, rng)
+        return time_layers(args, rng, ms=tuple(int(v) for v in args.time_ms.split(",")))
     if not os.environ.get("MARLIN_DSL_POISON"):
         print("set MARLIN_DSL_POISON=1: without it an output a kernel never writes is not caught")
         return 2
@@ -151,9 +152,13 @@ def time_layers(args, rng: np.random.Generator, k: int = 4096, n: int = 14336, m
         x = mx.array(rng.standard_normal((m, k))).astype(mx.float16)
         for name, layers in subjects.items():
             t = kernel_time(mx, lambda i, layers=layers: layers[i % len(layers)](x), 5)
+            one = kernel_time(mx, lambda i, layer=layers[0]: layer(x), 5)  # one copy: from L2 where it fits
             rows.append({"subject": name, "K": k, "N": n, "M": m, "us": t.per_launch_s * 1e6,
+                         "us_one_copy": one.per_launch_s * 1e6, "queue_us": t.queue_s * 1e6,
+                         "single_us": t.estimate_s * 1e6, "first_s": t.first_s, "launches": t.launches,
                          "schedule": schedule_name(layers[0].format, m, k, n) if name not in ("fp16", "mlx_4bit_g64") else ""})
-            print(f"{name:22} M={m:<5} {t.per_launch_s * 1e6:9.1f} us  {rows[-1]['schedule']}", flush=True)
+            print(f"{name:22} M={m:<5} {t.per_launch_s * 1e6:9.1f} us  one copy {one.per_launch_s * 1e6:8.1f}  "
+                  f"queue {t.queue_s * 1e6:6.1f}  single {t.estimate_s * 1e6:8.1f}  {rows[-1]['schedule']}", flush=True)
     (args.out / "timing.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "device": device_name(),
          "copies": len(weights), "rows": rows}, indent=1))
