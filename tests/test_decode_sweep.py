@@ -6,6 +6,8 @@ run it is written for does not fail on the way."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -130,3 +132,19 @@ def test_ncu_path_drives_itself_and_reads_the_log(tmp_path: Path, monkeypatch, c
     assert all(r["time_ns"] >= 2000 and r["kernels"] == [r.get("kernel", r["subject"])] for r in rows.values())
     assert rows["fp4_m8_n16_kw4_d1_u1_v1"]["pct_of_copy_bw"] is not None
     assert "256x48" in capsys.readouterr().out
+
+
+def test_example_formats_gpu_script_runs_its_checks_on_mlx_ops(tmp_path) -> None:
+    """bench/example_formats_gpu.py's logic on the CPU (MLX ops stand in for the kernels): every
+    row passes the error model's checks and names a schedule; without poisoning it refuses."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "example_formats_gpu.py"
+    env = {**os.environ, "MARLIN_DSL_POISON": "1"}
+    args = [sys.executable, str(script), "--formats", "int3_zp", "nf4_pairwise_4of8", "--shapes", "320x72",
+            "--ms", "1,3", "--out", str(tmp_path)]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert len(rows) == 2 * 2 * 2 and all(r["ok"] and r["schedule"] for r in rows)
+    env.pop("MARLIN_DSL_POISON")
+    refused = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert refused.returncode == 2 and "MARLIN_DSL_POISON" in refused.stdout
