@@ -449,11 +449,9 @@ def source_digest(source: object) -> str:
 
 
 def device_name() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
+    from marlin_dsl.benchmarks.provenance import gpu_name
+
+    return gpu_name()
 
 
 # ----- command line ------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     import mlx.nn as nn
 
-    from marlin_dsl.benchmarks.provenance import git_commit
+    from marlin_dsl.benchmarks.provenance import git_commit, gpu_name
     from marlin_dsl.checks.gpu_output import check_gpu_output, record
     from marlin_dsl.nn import MarlinLinear
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"tol={row.get('tolerance', float('nan')):.2e} {row.get('error', '')}", flush=True)
     failed = [r for r in rows if not r["ok"]]
     (args.out / "results.json").write_text(json.dumps(
-        {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "device": device_name(),
+        {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "device": gpu_name(),
          "rows": rows}, indent=1, default=str))
     print(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed; results in {args.out / 'results.json'}")
     return 1 if failed else 0
@@ -132,7 +132,7 @@ def time_layers(args, rng: np.random.Generator, k: int = 4096, n: int = 14336, m
     import mlx.core as mx
     import mlx.nn as nn
 
-    from marlin_dsl.benchmarks.provenance import git_commit
+    from marlin_dsl.benchmarks.provenance import git_commit, gpu_name
     from marlin_dsl.benchmarks.timing import copies_for, kernel_time
     from marlin_dsl.nn import MarlinLinear
 
@@ -160,19 +160,9 @@ def time_layers(args, rng: np.random.Generator, k: int = 4096, n: int = 14336, m
             print(f"{name:22} M={m:<5} {t.per_launch_s * 1e6:9.1f} us  one copy {one.per_launch_s * 1e6:8.1f}  "
                   f"queue {t.queue_s * 1e6:6.1f}  single {t.estimate_s * 1e6:8.1f}  {rows[-1]['schedule']}", flush=True)
     (args.out / "timing.json").write_text(json.dumps(
-        {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "device": device_name(),
+        {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "device": gpu_name(),
          "copies": len(weights), "rows": rows}, indent=1))
     return 0
-
-
-def device_name() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

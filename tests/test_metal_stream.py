@@ -19,7 +19,6 @@ from marlin_dsl import METAL, DoubleBuffered, FusedDequant, Gemm, Schedule, Stri
 from marlin_dsl.checks.format_check import sample_weights
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.cost.model import kernel_cost, storage_per_weight
-from marlin_dsl.errors import ScheduleError
 from marlin_dsl.ir import GridDim
 from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.kernel_args import gemm_buffers, read_output

@@ -41,4 +41,13 @@ def source_digest(source: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-__all__ = ["git_commit", "source_digest"]
+def gpu_name() -> str:
+    """The GPU's name as nvidia-smi reports it, for result files; "unknown" where it cannot."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+__all__ = ["git_commit", "source_digest", "gpu_name"]

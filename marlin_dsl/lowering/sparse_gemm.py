@@ -25,7 +25,7 @@ from ..targets.base import TARGETS
 from ..layouts.sparse_activation import ActivationLayout
 from .parts.emit import Emitter
 from .parts.shell import finish_kernel
-from .sparse_gemm_scatter import lower_scatter_gemm, scatter_possible, scatter_tables
+from .sparse_gemm_scatter import lower_scatter_gemm, scatter_possible, scatter_tables, store_c_elems
 
 THREADS = 128
 TILE_M, TILE_N = 64, 128
@@ -170,18 +170,11 @@ class _Lowering(Emitter):
         return new
 
     def store(self, accs: list[Value]) -> None:
-        b, s = self.b, self.s
+        b = self.b
         per = 4
         for j in range(WARP_N_TILES):
             for mt in (0, 1):
                 elems = b.value("frag_elems", [accs[j * 2 + mt]], VectorType(F32, per), hint="ce")
                 row0 = self.op2("mul", self.op2("add", self.op2("mul", self.pair, 2, hint="r"), mt, hint="r"), 16, hint="r")
                 col0 = self.op2("mul", self.op2("add", self.nt0, j, hint="c"), 8, hint="c")
-                for e in range(per):
-                    ti = self.op2("add", self.op2("mul", self.lane, per, hint="ti"), e, hint="ti")
-                    r = self.op2("add", row0, b.value("table", [ti], U32, {"name": "c_row"}, hint="cr"), hint="r")
-                    c = self.op2("add", col0, b.value("table", [ti], U32, {"name": "c_col"}, hint="cc"), hint="c")
-                    ok = self.op2("and", self.op2("lt", r, s["P"], hint="p"), self.op2("lt", c, s["N"], hint="p"), hint="p")
-                    v = b.value("extract", [elems], F32, {"index": e}, hint="yv")
-                    b.store("y", self.op2("add", self.op2("mul", r, s["N"], hint="yi"), c, hint="yi"),
-                            b.cast(v, self.act, hint="yv"), ok)
+                store_c_elems(self, elems, per, row0, col0)

@@ -263,7 +263,7 @@ class _ScatterLowering(Emitter):
         return new
 
     def store(self, accs: list[Value]) -> None:
-        b, s = self.b, self.s
+        b = self.b
         m, n, _ = self.tab.mma
         per = m * n // 32
         for j in range(WARP_N_TILES):
@@ -271,11 +271,18 @@ class _ScatterLowering(Emitter):
                 elems = b.value("frag_elems", [accs[j * 2 + sel]], VectorType(F32, per), hint="ce")
                 row0 = self.op2("add", self.op2("mul", self.mt, ROW_TILE, hint="r"), m * sel, hint="r")
                 col0 = self.op2("mul", self.op2("add", self.nt0, j, hint="c"), n, hint="c")
-                for e in range(per):
-                    ti = self.op2("add", self.op2("mul", self.lane, per, hint="ti"), e, hint="ti")
-                    r = self.op2("add", row0, b.value("table", [ti], U32, {"name": "c_row"}, hint="cr"), hint="r")
-                    c = self.op2("add", col0, b.value("table", [ti], U32, {"name": "c_col"}, hint="cc"), hint="c")
-                    ok = self.op2("and", self.op2("lt", r, s["P"], hint="p"), self.op2("lt", c, s["N"], hint="p"), hint="p")
-                    v = b.value("extract", [elems], F32, {"index": e}, hint="yv")
-                    b.store("y", self.op2("add", self.op2("mul", r, s["N"], hint="yi"), c, hint="yi"),
-                            b.cast(v, self.act, hint="yv"), ok)
+                store_c_elems(self, elems, per, row0, col0)
+
+
+def store_c_elems(em, elems: Value, per: int, row0: Value, col0: Value) -> None:
+    """Store a lane's `per` accumulator elements of one C tile at (row0, col0) of y [P, N],
+    where the target's C lane table (`c_row`, `c_col`) puts them, masked by P and N: the
+    epilogue of both sparse GEMMs (`em`: the lowering, with b, s, lane, act)."""
+    b, s = em.b, em.s
+    for e in range(per):
+        ti = em.op2("add", em.op2("mul", em.lane, per, hint="ti"), e, hint="ti")
+        r = em.op2("add", row0, b.value("table", [ti], U32, {"name": "c_row"}, hint="cr"), hint="r")
+        c = em.op2("add", col0, b.value("table", [ti], U32, {"name": "c_col"}, hint="cc"), hint="c")
+        ok = em.op2("and", em.op2("lt", r, s["P"], hint="p"), em.op2("lt", c, s["N"], hint="p"), hint="p")
+        v = b.value("extract", [elems], F32, {"index": e}, hint="yv")
+        b.store("y", em.op2("add", em.op2("mul", r, s["N"], hint="yi"), c, hint="yi"), b.cast(v, em.act, hint="yv"), ok)

@@ -278,7 +278,6 @@ def compile_metal(source: MetalSource | Kernel, *, flags: Iterable[str] = DEFAUL
     if cxx is None:
         raise MetalCPUError("no C++ compiler: install g++ (or set $CXX) to run Metal kernels on the CPU",
                             "unavailable")
-    shim = shim_path()
     if shipped_text is None:
         text = src.full_source(name=_KERNEL_NAME) + launcher_source(src)
     else:

@@ -40,7 +40,22 @@ def _mx() -> Any:
     return mx
 
 
-class MetalGemm:
+class _MlxKernel:
+    """A printed kernel's `mx.fast.metal_kernel` object, made on first use (`source`: its
+    MetalSource), so nothing touches MLX until a launch."""
+
+    source: MetalSource
+    _kernel: Any = None
+
+    @property
+    def kernel(self) -> Any:
+        """The `mx.fast.metal_kernel` object (created on first use)."""
+        if self._kernel is None:
+            self._kernel = self.source.mlx_kernel()
+        return self._kernel
+
+
+class MetalGemm(_MlxKernel):
     """A printed GEMM kernel bound to `mx.fast.metal_kernel`; see the module docstring."""
 
     def __init__(self, source: MetalSource, attrs: dict) -> None:
@@ -49,13 +64,6 @@ class MetalGemm:
         self.tile = tuple(int(v) for v in attrs.get("tile", (0, 0, 0)))
         self.parallel = int(attrs.get("parallel", 1))
         self._kernel = None
-
-    @property
-    def kernel(self) -> Any:
-        """The `mx.fast.metal_kernel` object (created on first use)."""
-        if self._kernel is None:
-            self._kernel = self.source.mlx_kernel()
-        return self._kernel
 
     def sizes(self, m: int, n: int, k: int) -> dict[str, int]:
         """Element counts of the outputs for an M x N x K problem."""
@@ -113,7 +121,7 @@ def launch_source(source: MetalSource, kernel: Any, arrays: dict[str, Any],
     return dict(zip(source.output_names, outs))
 
 
-class MetalLaunch:
+class MetalLaunch(_MlxKernel):
     """Any printed kernel bound to `mx.fast.metal_kernel` (the `KernelLaunch` protocol of
     targets/base.py): called with the input arrays by name, the output shapes by name, the
     launch scalars and the outputs' fill value; returns the outputs by name."""
@@ -126,13 +134,6 @@ class MetalLaunch:
                              f"not inputs ({list(inout_inputs)})")
         self.source: MetalSource = print_metal(kernel)
         self._kernel = None
-
-    @property
-    def kernel(self) -> Any:
-        """The `mx.fast.metal_kernel` object (created on first use)."""
-        if self._kernel is None:
-            self._kernel = self.source.mlx_kernel()
-        return self._kernel
 
     def __call__(self, arrays: dict[str, Any], out_shapes: dict[str, tuple[int, ...]],
                  scalars: dict[str, int], init_value: float | None = None) -> dict[str, Any]:

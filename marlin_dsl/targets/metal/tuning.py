@@ -73,19 +73,22 @@ def tuned_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = No
 
 
 def multistage_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule | None:
-    """The multistage schedule (module docstring), or None where the pipeline does not take
-    the format's stream layout (N:M formats scattered by the lanes themselves: the stream
-    serves every M) or its buffer (the activation tile of one K step and the weight vectors of
-    the tile's N rows) would not fit Metal's threadgroup memory: a K step of the stream layout
-    is 128 positions for 4-bit codes, 256 for 2-bit ones. ScheduleError where the stream
+    """The multistage schedule (module docstring), or None where its buffer (the activation
+    tile of one K step and the weight vectors of the tile's N rows) would not fit Metal's
+    threadgroup memory (a K step of the stream layout is 128 positions for 4-bit codes, 256
+    for 2-bit ones) or the pipeline's own check refuses the format's layout (N:M formats that
+    the lanes scatter themselves): the stream serves every M. ScheduleError where the stream
     layout does not take the format."""
     layout = stream_layout(fmt, METAL)
-    if layout.scatter is not None:
-        return None
     row = (layout.dense_chunk * _ACT_BYTES + METAL.shared_row_pad_bytes) * MS_TILE_M
     words = VECTOR_WORDS + (layout.meta_words if layout.sparse else 0)
     weights = MS_TILE_N // layout.tile_rows * layout.lanes * words * 4
     if (MS_STAGES - 1) * (row + weights) > METAL.max_shared_bytes:
         return None
-    return Schedule("metal_multistage", tile_m=MS_TILE_M, tile_n=MS_TILE_N, tile_k=layout.dense_chunk,
-                    warps_m=1, warps_n=MS_WARPS_N, pipeline=Multistage(stages=MS_STAGES))
+    schedule = Schedule("metal_multistage", tile_m=MS_TILE_M, tile_n=MS_TILE_N, tile_k=layout.dense_chunk,
+                        warps_m=1, warps_n=MS_WARPS_N, pipeline=Multistage(stages=MS_STAGES))
+    try:
+        schedule.check(fmt, METAL)
+    except ScheduleError:
+        return None
+    return schedule
