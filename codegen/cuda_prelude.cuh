@@ -378,6 +378,34 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+// Split-phase barriers in shared memory (PTX ISA 9.7.13.15, sm_90 for try_wait): the warp
+// roles of a specialised kernel meet only here (IR ops mbarrier_init / _arrive / _wait).
+// A barrier is two u32 words of an mbarrier array (8 bytes, aligned to 8).
+__device__ __forceinline__ void mbar_init(const uint32_t* bar, uint32_t count) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+
+// This thread's arrival (release: its earlier memory accesses, to the phase's waiters).
+__device__ __forceinline__ void mbar_arrive(const uint32_t* bar) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+
+// Wait until the phase of this parity (the current one or the one before) has completed
+// (acquire). try_wait suspends the thread for a while in hardware before it reports not yet.
+__device__ __forceinline__ void mbar_wait(const uint32_t* bar, uint32_t parity) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(a), "r"(parity)
+        : "memory");
+  } while (!done);
+}
 #endif  // MDSL_HOST_LAYOUT_CHECK
 
 }  // namespace mdsl

@@ -32,7 +32,7 @@ def _kernel(b: Builder, name: str = "k", **kw) -> Kernel:
         buffers=[BufferParam("x", F16, "read"), BufferParam("y", F16, "write"),
                  BufferParam("counter", U32, "readwrite"), BufferParam("out", F32, "readwrite")],
         shared=[SharedArray("a_s", F16, 4096), SharedArray("c_s", F32, 128),
-                SharedArray("w_s", F16, 8192, align=1024)],
+                SharedArray("w_s", F16, 8192, align=1024), SharedArray("bars", U32, 4)],
         tables=[ConstTable("lut", U8, (0, 1, 2)),
                 ConstTable("nf", F16, (-1.0, -0.0, 0.0, 1e-05, 0.5, 1.5e20))],
     )
@@ -149,6 +149,21 @@ def every_op_kernel() -> Kernel:
         b.yield_(picked, lane2)
     r, h = b.op("switch", [s_end], [U32, F16], {"cases": (0, 1, 7)}, [*cases, default], hint="r").results
     b.store("y", r, h)
+    # warp specialisation: two roles (1 and 3 of the 4 warps) meeting at mbarriers
+    with b.region() as init:
+        b.op("mbarrier_init", [zero], attrs={"barriers": "bars", "count": 32})
+        b.yield_()
+    with b.region() as no_init:
+        b.yield_()
+    b.op("if", [b.binary("eq", tid, zero)], [], regions=[init, no_init])
+    b.barrier()
+    with b.region() as producer:
+        b.op("mbarrier_arrive", [zero], attrs={"barriers": "bars"})
+        b.yield_()
+    with b.region() as consumer:
+        b.op("mbarrier_wait", [zero, zero], attrs={"barriers": "bars"})
+        b.yield_()
+    b.op("warp_roles", [], attrs={"warps": (1, 3), "regs": (0, 152)}, regions=[producer, consumer])
     return _kernel(b, "every_op", attrs={"target": "cuda",
         "format": "fp4_g128", "schedule": "db 64", "tile_m": 64, "neg": -3, "ratio": 0.1,
         "inf": float("inf"), "on": True, "off": False, "word": "true", "empty": "",

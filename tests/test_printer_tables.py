@@ -17,7 +17,9 @@ from marlin_dsl.ir.verify import verify_legal
 ILLEGAL = {
     "metal": {"async_copy", "async_commit", "async_wait", "mma_sp",
               # the warpgroup MMA (sm_90a)
-              "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait"},
+              "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait",
+              # warp specialisation (mbarriers: sm_90's split-phase barriers)
+              "warp_roles", "mbarrier_init", "mbarrier_arrive", "mbarrier_wait"},
     "cuda": set(),
 }
 PRINTERS = {"metal": metal._Printer, "cuda": cuda._Printer}

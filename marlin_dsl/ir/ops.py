@@ -15,6 +15,7 @@ from . import semantics
 from .core import BufferParam, Kernel, Op, SharedArray
 from .tensor_rules import (_async_copy, _async_wait, _frag_build, _frag_elems, _frag_load, _frag_store,
                            _frag_zero, _mma, _mma_sp, _vstore, _wgmma, _wgmma_fence, _wgmma_wait)
+from .sync_rules import _mbarrier, _warp_roles
 from .types import BOOL, U8, U16, U32, ScalarType, Type, VectorType
 
 TypeRule = Callable[[Op, Kernel], str | None]  # returns an error message or None
@@ -391,6 +392,26 @@ _define(
           doc="wait until at most `pending` of this warp's committed wgmma groups are in flight. With a "
               "result (pending 0): the result is the first operand, an accumulator, now readable; "
               "the other operands (a fragments of the retired wgmmas) are kept alive until here"),
+    # Warp specialisation (docs/IR.md, "Warp roles and mbarriers"). The mbarrier ops name
+    # their array `barriers`, not `buffer`, so the dependence graph orders them against every
+    # memory op (they are the roles' only means of ordering memory between warps).
+    OpDef("warp_roles", (0, 0), ("warps",), ("regs",), regions=1, writes_memory=True, reads_memory=True,
+          rule=_warp_roles,
+          doc="split the threadgroup's warps into roles that run apart: region i runs on the next "
+              "warps[i] warps (role 0 on warps 0 .., in order) and only there; the roles meet only at "
+              "mbarriers. `regs`: per role the register count it moves to on entry (CUDA's "
+              "setmaxnreg; 0 leaves it). In the kernel body only; every region yields nothing"),
+    OpDef("mbarrier_init", (1, 1), ("barriers", "count"), writes_memory=True, rule=_mbarrier,
+          doc="initialise barrier index of shared @barriers (two u32 words each): phase 0, `count` "
+              "arrivals complete a phase. One thread initialises; a threadgroup barrier follows "
+              "before any other thread uses it"),
+    OpDef("mbarrier_arrive", (1, 1), ("barriers",), writes_memory=True, rule=_mbarrier,
+          doc="this thread arrives once on barrier index: its earlier memory accesses are released to "
+              "the threads that wait for the phase its arrival completes"),
+    OpDef("mbarrier_wait", (2, 2), ("barriers",), writes_memory=True, reads_memory=True, rule=_mbarrier,
+          doc="wait until the phase of barrier index whose parity (0 or 1) is given has completed "
+              "(the current phase, or the one just before it); then the memory accesses released by "
+              "that phase's arrivals are visible to this thread"),
     OpDef("for", (3, None), optional_attrs=("specialise",), regions=1, results=(0, None), rule=_for,
           doc="for index = lb; index < ub; index += step, carrying values through yield"),
     OpDef("if", (1, 1), regions=2, results=(0, None), rule=_if),
@@ -398,4 +419,4 @@ _define(
           doc="one region per case value, then a default region"),
     OpDef("yield", (0, None), terminator=True),
 )
-# switch has a variable region count; the verifier checks it through the rule.
+# switch and warp_roles have variable region counts; the verifier checks them through the rules.

@@ -75,7 +75,7 @@ def _verify_block(kernel: Kernel, block: Block, visible: set[int], names: set[st
         unknown = [a for a in op.attrs if a not in definition.attrs + definition.optional_attrs]
         if missing or unknown:
             raise VerifyError(f"{where}: missing attributes {missing}, unknown {unknown}")
-        if op.name != "switch" and len(op.regions) != definition.regions:
+        if op.name not in ("switch", "warp_roles") and len(op.regions) != definition.regions:
             raise VerifyError(f"{where}: needs {definition.regions} regions, has {len(op.regions)}")
         if definition.terminator and i != len(block.ops) - 1:
             raise VerifyError(f"{where}: yield must end its block")

@@ -41,6 +41,7 @@ from ...ir.types import BF16, BOOL, F16, F32, I32, U32, ScalarType, Type, Vector
 from ..c_printer import CPrinter
 from .description import CUDA
 from .print_mma import MMA_EMITTERS, MmaEmitters
+from .print_sync import SYNC_EMITTERS, SyncEmitters, launch_bounds
 from .print_wgmma import WGMMA_EMITTERS, WGMMA_OPS, WgmmaEmitters
 from .print_shared import DYNAMIC_SHARED_NAME, STATIC_SHARED_BYTES, dynamic_shared_bytes, shared_declarations
 from .print_types import PAIR, bits_table, comment_value, cuda_type, f32_bits, is_pair, literal, zero
@@ -90,7 +91,7 @@ def prelude() -> str:
     return read_codegen_file("cuda_prelude.cuh")
 
 
-class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
+class _Printer(MmaEmitters, WgmmaEmitters, SyncEmitters, CPrinter):
     target = "cuda"
     target_title = "CUDA"
     index_type = "uint32_t"
@@ -386,6 +387,7 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         **MMA_EMITTERS,
         **WGMMA_EMITTERS,
+        **SYNC_EMITTERS,
     }
 
     def wide_load(self, t: Type, buffer: str) -> bool:
@@ -464,8 +466,12 @@ class _Printer(MmaEmitters, WgmmaEmitters, CPrinter):
         attrs = {key: k.attrs[key] for key in ("target", "format", "schedule", "pipeline", "activation",
                                                "tile", "warps", "mma", "parallel", "k_warps", "weight_layout", "cuda_arch")
                  if key in k.attrs}
-        if any(op.name in WGMMA_OPS for op in k.walk()):
-            attrs["cuda_arch"] = CUDA.warpgroup_arch  # wgmma exists only there (not in sm_90's PTX)
+        bounds = launch_bounds(k)
+        if any(op.name in WGMMA_OPS for op in k.walk()) or bounds is not None:
+            # wgmma and setmaxnreg (warp roles' register counts) exist only there, not in sm_90's PTX
+            attrs["cuda_arch"] = CUDA.warpgroup_arch
+        if bounds is not None:  # ptxas's per-thread budget, which the roles' setmaxnreg moves
+            attrs["launch_bounds"] = bounds
         return CudaSource(
             name=k.name, prelude=prelude(), declarations=self.declarations(), body=body,
             input_names=inputs, output_names=outputs, elems=elems, threads=k.threads,

@@ -139,6 +139,8 @@ class CudaSource:
                      repr(sorted(self.elems.items()))):
             h.update(part.encode())
             h.update(b"\0")
+        if self.attrs.get("launch_bounds"):  # compiled into the kernel (full_source's signature)
+            h.update(f"launch_bounds={self.attrs['launch_bounds']}".encode())
         return h.hexdigest()
 
     def parameters(self) -> list[str]:
@@ -150,7 +152,9 @@ class CudaSource:
         name = name or self.mlx_kernel_name
         params = ",\n".join(f"    {p}" for p in self.parameters())
         prefix = 'extern "C" ' if extern_c else ""
-        return f"{prefix}__global__ void {name}(\n{params}) {{\n"
+        bounds = self.attrs.get("launch_bounds")
+        qualifier = f"__launch_bounds__({int(bounds)}, 1) " if bounds else ""
+        return f"{prefix}__global__ void {qualifier}{name}(\n{params}) {{\n"
 
     def full_source(self, name: str | None = None, namespace: str | None = None,
                     extern_c: bool = True) -> str:

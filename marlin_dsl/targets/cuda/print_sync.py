@@ -1,0 +1,102 @@
+"""The CUDA printer's emitters of warp specialisation (docs/IR.md, "Warp roles and mbarriers"):
+`warp_roles` as one branch per role on the warp index (role 0 first), each starting with
+`setmaxnreg` where the op gives the role a register count (sm_90a), and the mbarrier ops as
+the prelude's `mdsl::mbar_init` / `mbar_arrive` / `mbar_wait` (codegen/cuda_prelude.cuh:
+`mbarrier.init` / `.arrive` / `.try_wait.parity` on the 64-bit barrier object at that index).
+
+Register counts: a kernel with role register counts is printed with `__launch_bounds__(threads,
+1)` (`launch_bounds` below), so ptxas allocates at most `base_registers(threads)` per thread;
+a role asking for more increases (`setmaxnreg.inc`), one asking for less decreases
+(`setmaxnreg.dec`). Together the roles may not ask for more than the register file (64K
+32-bit registers per block on sm_90); ptxas allocates each role's code within its count."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ...errors import CompileError
+from ...ir.core import Block, Kernel, Op
+
+__all__ = ["SYNC_EMITTERS", "SYNC_ARCH_OPS", "SyncEmitters", "base_registers", "launch_bounds", "role_registers"]
+
+#: registers of an sm_90 block (the register file of one SM)
+REGISTER_FILE = 65536
+
+
+def base_registers(threads: int) -> int:
+    """The per-thread register count of a block of `threads` under `__launch_bounds__(threads,
+    1)`: the register file shared out, in the allocation unit of 8 per thread."""
+    return min(255, REGISTER_FILE // threads) // 8 * 8
+
+
+def role_registers(k: Kernel) -> tuple[int, ...] | None:
+    """The register counts the kernel's warp_roles asks for (None where it asks none)."""
+    for op in k.body.ops:
+        if op.name == "warp_roles" and op.attrs.get("regs") and any(op.attrs["regs"]):  # type: ignore[arg-type]
+            return tuple(op.attrs["regs"])  # type: ignore[arg-type]
+    return None
+
+
+def launch_bounds(k: Kernel) -> int | None:
+    """The `__launch_bounds__` thread count the kernel is printed with (None: none)."""
+    return k.threads if role_registers(k) is not None else None
+
+
+#: ops whose presence (with register counts, for warp_roles) makes a kernel sm_90a-only
+SYNC_ARCH_OPS = frozenset({"warp_roles"})
+
+
+class SyncEmitters:
+    """Emitters of the warp-role ops (mixed into the CUDA printer)."""
+
+    k: Kernel
+    refs: Callable[[Op], list[str]]
+    memory: Callable[[str], tuple[str, object, str]]
+    emit: Callable[[int, str], None]
+    block: Callable[[Block, int, Callable[[Op, int], None]], None]
+
+    def op_warp_roles(self, op: Op, depth: int) -> None:
+        warps = [int(w) for w in op.attrs["warps"]]  # type: ignore[union-attr]
+        regs = [int(r) for r in op.attrs.get("regs") or [0] * len(warps)]  # type: ignore[union-attr]
+        base = base_registers(self.k.threads)
+        if any(regs):
+            total = sum((r or base) * w * 32 for r, w in zip(regs, warps))
+            if total > REGISTER_FILE:
+                raise CompileError(f"cuda: kernel {self.k.name}: warp_roles asks {total} registers "
+                                   f"({regs} x {warps} warps), over the {REGISTER_FILE} of a block")
+
+        def no_yield(y: Op, d: int) -> None:
+            if y.operands:
+                raise CompileError(f"cuda: kernel {self.k.name}: warp_roles regions yield nothing")
+
+        first = 0
+        for i, (w, region) in enumerate(zip(warps, op.regions)):
+            last = i == len(warps) - 1
+            cond = f"threadIdx.x < {32 * (first + w)}u"
+            head = "if" if i == 0 else "} else if"
+            self.emit(depth, f"{head} ({cond}) {{  // role {i}: warps {first} .. {first + w - 1}"
+                      if not last or i == 0 else f"}} else {{  // role {i}: warps {first} .. {first + w - 1}")
+            if regs[i] and regs[i] != base:
+                kind = "inc" if regs[i] > base else "dec"
+                self.emit(depth + 1, f'asm volatile("setmaxnreg.{kind}.sync.aligned.u32 {regs[i]};\\n" ::: "memory");')
+            self.block(region, depth + 1, no_yield)
+            first += w
+        self.emit(depth, "}")
+
+    def _barrier(self, op: Op) -> str:
+        mem, _, _ = self.memory(str(op.attrs["barriers"]))
+        return f"&{mem}[2u * ({self.refs(op)[0]})]"
+
+    def op_mbarrier_init(self, op: Op, depth: int) -> None:
+        self.emit(depth, f"mdsl::mbar_init({self._barrier(op)}, {int(op.attrs['count'])}u);")  # type: ignore[arg-type]
+
+    def op_mbarrier_arrive(self, op: Op, depth: int) -> None:
+        self.emit(depth, f"mdsl::mbar_arrive({self._barrier(op)});")
+
+    def op_mbarrier_wait(self, op: Op, depth: int) -> None:
+        self.emit(depth, f"mdsl::mbar_wait({self._barrier(op)}, {self.refs(op)[1]});")
+
+
+SYNC_EMITTERS = {
+    "warp_roles": SyncEmitters.op_warp_roles, "mbarrier_init": SyncEmitters.op_mbarrier_init,
+    "mbarrier_arrive": SyncEmitters.op_mbarrier_arrive, "mbarrier_wait": SyncEmitters.op_mbarrier_wait,
+}
