@@ -49,9 +49,10 @@ ACTS = ("f16", "bf16")
 #: on every format and shape)
 SCHEDULES = (("wgs256x128s4d2", 256, 8, 4, 2, "shared"), ("wgs128x128s4", 128, 8, 4, 1, "shared"),
              ("wgr128x128s3", 128, 8, 3, 1, "registers"))
-if __import__("os").environ.get("WG_SCHEDULE_SPECS"):  # "name:tile_m:warps_n:stages:depth:a_source[:sparse_pass],..."
-    SCHEDULES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5], *(int(v) for v in f[6:7])) for f in
-                      (spec.split(":") for spec in __import__("os").environ["WG_SCHEDULE_SPECS"].split(",")))
+if __import__("os").environ.get("WG_SCHEDULE_SPECS"):
+    # "name:tile_m:warps_n:stages:depth:a_source[:sparse_pass[:producers[:a_stages[:copies]]]],..."
+    SCHEDULES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5], *(int(v) for v in f[6:9]), *f[9:10])
+                      for f in (spec.split(":") for spec in __import__("os").environ["WG_SCHEDULE_SPECS"].split(",")))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
                 (300, 4096, 4096 + 128), (2048, 4096, 4096))
 _ENV = __import__("os").environ
@@ -72,11 +73,13 @@ def kernel_specs():
         for act in ACTS:
             first = int(__import__("os").environ.get("WG_SCHEDULES", len(SCHEDULES)))
             scheds = SCHEDULES[:first] if (fmt_name, act) == (FORMATS[0], "f16") else SCHEDULES[:1]
-            for name, tm, wn, st, depth, a_source, *sparse_pass in scheds:
+            for name, tm, wn, st, depth, a_source, *extra in scheds:
+                sparse_pass, producers, a_stages, copies = (list(extra) + [2, 0, 3, "producers"][len(extra):])[:4]
                 s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=stream_layout(fmt, md.CUDA).dense_chunk,
                                 warps_m=1, warps_n=wn,
                                 pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source,
-                                                      sparse_pass=sparse_pass[0] if sparse_pass else 2))
+                                                      sparse_pass=sparse_pass, producers=producers,
+                                                      a_stages=a_stages, copies=copies))
                 out.append((f"{fmt_name}_{act}_{name}", fmt, act, s))
         out.append((f"{fmt_name}_f16_multistage", fmt, "f16", md.multistage_schedule(fmt, 2048)))
     return out
@@ -131,15 +134,26 @@ def prepare(out_dir: Path) -> int:
                  "pipeline": sched.pipeline.kind, "source": src.to_json()}
         if src.attrs.get("cuda_arch") == "sm_90a":
             cu = out_dir / f"{name}.cu"
-            cu.write_text(src.full_source(name=name))
+            text = src.full_source(name=name)
+            if sched.name.endswith("_nofence"):
+                # a probe, not a kernel: without the async-proxy fences (MEMBAR.ALL.CTA +
+                # FENCE.VIEW.ASYNC.S on the H100), what do they cost? Its results may be wrong.
+                text = text.replace('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");', ";")
+                entry["probe"] = "no async-proxy fences"
+            cu.write_text(text)
             res = subprocess.run([nvcc, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
                                   "-o", str(out_dir / f"{name}.cubin"), str(cu), "-Xptxas", "-v"],
                                  capture_output=True, text=True)
             if res.returncode:
                 print(res.stderr, file=sys.stderr)
                 return 1
-            regs = [ln.strip() for ln in res.stderr.splitlines() if "registers" in ln or "C75" in ln]
+            regs = [ln.strip() for ln in res.stderr.splitlines() if "registers" in ln or "C75" in ln or "spill" in ln]
             entry["ptxas"] = regs
+            # ptxas serialising the wgmmas (C7513-C7515) costs their overlap: say so loudly
+            entry["serialized"] = any("serialized" in ln for ln in regs)
+            if entry["serialized"]:
+                print(f"WARNING {name}: ptxas serialised its wgmmas:", *[ln for ln in regs if "serialized" in ln],
+                      file=sys.stderr)
             cuobjdump = shutil.which("cuobjdump")
             if cuobjdump and stream_layout(fmt, md.CUDA).sparse:  # kernels with the sparse wgmma
                 sass = subprocess.run([cuobjdump, "-sass", str(out_dir / f"{name}.cubin")],
@@ -308,10 +322,14 @@ def run(kdir: Path, out: Path | None) -> int:
     # ----- table
     log("\nwarpgroup speed (us per launch; x = fp16 time / kernel time):")
     for row in results["times"]:
-        best = min((v, key) for key, v in row.items() if key.startswith("wg") and v)
-        log(f"  M={row['M']:5d} {row['K']}x{row['N']}: fp16 {row['fp16_us']:.1f}  mlx4 {row['mlx4_us']:.1f}  "
-            f"multistage {row.get('multistage_large_us') or row.get('multistage_small_us') or 0:.1f}  "
-            f"best wg {best[0]:.1f} ({best[1][:-3]}, {row['fp16_us'] / best[0]:.2f}x fp16)")
+        line = (f"  M={row['M']:5d} {row['K']}x{row['N']}: fp16 {row['fp16_us']:.1f}  mlx4 {row['mlx4_us']:.1f}  "
+                f"multistage {row.get('multistage_large_us') or row.get('multistage_small_us') or 0:.1f}")
+        for family in ("wg", "ws"):  # "ws...": schedules with warp roles (producers)
+            times = [(v, key) for key, v in row.items() if key.startswith(family) and v]
+            if times:
+                best = min(times)
+                line += f"  best {family} {best[0]:.1f} ({best[1][:-3]}, {row['fp16_us'] / best[0]:.2f}x fp16)"
+        log(line)
     log(f"correctness: {sum(c['ok'] for c in results['checks'])}/{len(results['checks'])} ok")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -394,15 +394,18 @@ __device__ __forceinline__ void mbar_arrive(const uint32_t* bar) {
 }
 
 // Wait until the phase of this parity (the current one or the one before) has completed
-// (acquire). try_wait suspends the thread for a while in hardware before it reports not yet.
+// (acquire). try_wait suspends the thread in hardware until the phase completes or the time
+// hint (ns) runs out: without the hint the waiting warps spun, and their retries took issue
+// slots from the warps they waited for (bench/results/issue15_h100_2026-11-27: 12 M retries
+// against 0.2 M producer steps in one warp-role kernel).
 __device__ __forceinline__ void mbar_wait(const uint32_t* bar, uint32_t parity) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
   uint32_t done;
   do {
     asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(a), "r"(parity)
+        : "r"(a), "r"(parity), "r"(10000000u)
         : "memory");
   } while (!done);
 }

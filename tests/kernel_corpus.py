@@ -27,7 +27,7 @@ def corpus() -> Iterator[tuple[str, str]]:
     from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager
     from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule, StripedKParallel, default_schedule
     from marlin_dsl.errors import ScheduleError
-    from marlin_dsl.targets.cuda.tuning import tuned_schedule, warpgroup_schedule
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule, warpgroup_roles_schedule, warpgroup_schedule
     from marlin_dsl.source import suspended_declarations
     from marlin_dsl.targets import TARGETS
 
@@ -61,6 +61,12 @@ def corpus() -> Iterator[tuple[str, str]]:
                     s = replace(s, name=f"{s.name}_{a_source}", pipeline=replace(s.pipeline, a_source=a_source))
                     yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
                                      Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
+                try:  # with warp roles (dense formats)
+                    s = warpgroup_roles_schedule(fmt, 2048, TARGETS["cuda"])
+                except ScheduleError:
+                    continue
+                yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
+                                 Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
         for tname in ("cuda", "metal"):
             for method in ("top2", "mvue", "soft_threshold"):
                 for axis in (0, 1):

@@ -16,6 +16,7 @@ from .multistage import MultistageLowering
 from .parts.context import GemmContext
 from .staged import DoubleBufferedLowering, FusedDequantLowering, StripedLowering
 from .warpgroup import WarpgroupLowering
+from .warpgroup_roles import WarpgroupRolesLowering
 from .weight_stream import WeightStreamLowering
 
 
@@ -30,7 +31,8 @@ LOWERINGS: dict[str, Callable[[GemmContext], Lowering]] = {
     "striped": StripedLowering,
     "weight_stream": WeightStreamLowering,
     "multistage": MultistageLowering,
-    "warpgroup": WarpgroupLowering,
+    # with producer warpgroups the warps specialise (warpgroup_roles.py)
+    "warpgroup": lambda ctx: (WarpgroupRolesLowering if ctx.pipeline.producers else WarpgroupLowering)(ctx),
 }
 
 

@@ -74,6 +74,8 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         self.a_atom = s.tile_n * self.row
         self.a_stage = self.vectors * self.a_atom
         self._a_index: dict[tuple[int, int], Value] = {}
+        #: decoded-weight slots in a_s (the specialised lowering has its own count)
+        self.a_slots = A_BUFFERS
         self.frag_acc = FragmentType("c", F32, target.mma_m, s.tile_m)
         c_rows, c_cols = target.lane_elements("c", target.mma_m, s.tile_m)  # type: ignore[misc]
         self.acc_row_base, self.acc_row_off = lane_base_and_offsets(c_rows, "accumulator row")
@@ -103,11 +105,12 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         self.store_acc(acc)
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), shared=shared,
-            tables=self.stream_tables([*self.swizzled_tables(), *self.a_tables(),
-                                       ConstTable("acc_row0", U32, self.acc_row_base),
-                                       ConstTable("acc_col0", U32, self.acc_col_base)]),
+            tables=self.stream_tables([*self.swizzled_tables(), *self.a_tables(), *self.acc_tables()]),
             attrs={"stages": self.n_stages, "weight_layout": LAYOUT_NAME},
             memory="shared memory (stages x tile_m activation rows, decoded weights)")
+
+    def acc_tables(self) -> list[ConstTable]:
+        return [ConstTable("acc_row0", U32, self.acc_row_base), ConstTable("acc_col0", U32, self.acc_col_base)]
 
     def a_tables(self) -> list[ConstTable]:
         return [ConstTable("a_k0", U32, self.a_k_base)] if self.pipeline.a_source == "shared" else []
@@ -247,7 +250,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
 
     def a_offset(self, kv: Value) -> Value:
         """The element offset of this warpgroup's A tile of step kv in a_s."""
-        buf = self.op2("rem", kv, A_BUFFERS, hint="abuf")
+        buf = self.op2("rem", kv, self.a_slots, hint="abuf")
         return self.op2("add", self.op2("mul", buf, self.a_stage, hint="ab"), self.wg_a0, hint="ab")
 
     def a_store_plan(self) -> None:
@@ -296,23 +299,26 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         b, lay = self.b, self.layout
         words, meta, params = self.unpack_fetched(fetched)
         k_step0 = self.op2("mul", kv, self.s.tile_k, hint="kb")
-        base = self.op2("mul", self.op2("rem", kv, A_BUFFERS, hint="abuf"), self.a_stage, hint="ab")
+        base = self.op2("mul", self.op2("rem", kv, self.a_slots, hint="abuf"), self.a_stage, hint="ab")
         pairs_per_tile = lay.per_lane // 2
         for j, vector in enumerate(words):
-            decoded: dict[tuple[int, int], Value] = {}
-            for t in range(lay.tiles):
-                p = self.tile_params(params, k_step0, j, t)
-                for p_ in range(pairs_per_tile):
-                    word, shift = lay.pair_slot(t * pairs_per_tile + p_)
-                    w = b.value("extract", [vector[0]], U32, {"index": word}, hint="w")
-                    decoded[(t, p_)] = self.pairs.dequant(w, shift, p[self.a_row_off[2 * p_]])
-            atom = self.op2("add", base, j * self.a_atom, hint="ab") if j else base
-            for row_off, start, members in self.a_runs:
-                parts = [decoded[m] for m in members]
-                value = parts[0] if len(parts) == 1 else \
-                    b.value("vec", parts, VectorType(self.act, 2 * len(parts)), hint="a4")
-                idx = self.op2("add", atom, self.a_run_index(row_off, start), hint="ai")
-                b.op("vstore", [idx, value], attrs={"buffer": "a_s", "size": 2 * len(parts)})
+            atom = None
+            for nt in range(self.nsub):  # the warp's N tiles (one but with warp roles)
+                decoded: dict[tuple[int, int], Value] = {}
+                for t in range(lay.tiles):
+                    p = self.tile_params(params, k_step0, j, t, nt)
+                    for p_ in range(pairs_per_tile):
+                        word, shift = lay.pair_slot(t * pairs_per_tile + p_)
+                        w = b.value("extract", [vector[nt]], U32, {"index": word}, hint="w")
+                        decoded[(t, p_)] = self.pairs.dequant(w, shift, p[self.a_row_off[2 * p_]])
+                if atom is None:
+                    atom = self.op2("add", base, j * self.a_atom, hint="ab") if j else base
+                for row_off, start, members in self.a_runs:
+                    parts = [decoded[m] for m in members]
+                    value = parts[0] if len(parts) == 1 else \
+                        b.value("vec", parts, VectorType(self.act, 2 * len(parts)), hint="a4")
+                    idx = self.op2("add", atom, self.a_run_index(row_off, start, nt), hint="ai")
+                    b.op("vstore", [idx, value], attrs={"buffer": "a_s", "size": 2 * len(parts)})
         return self.meta_words(meta)
 
     def meta_words(self, meta: list[list[Value]]) -> list[Value]:
@@ -324,11 +330,13 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         return [vec[0] if per == 1 else self.b.value("extract", [vec[0]], U32, {"index": i}, hint="mw")
                 for vec in meta for i in range(per)]
 
-    def a_run_index(self, row_off: int, start: int) -> Value:
+    def a_run_index(self, row_off: int, start: int, nt: int = 0) -> Value:
         """Element index (within an A buffer) of this lane's run at row offset `row_off` and
-        K offset a_k0 + start, in the swizzled rows (computed once, before the K loop)."""
-        key = (row_off, start)
+        K offset a_k0 + start of the warp's N tile nt, in the swizzled rows (computed once,
+        before the K loop)."""
+        key = (row_off, start) if nt == 0 else (row_off, start, nt)
         if key not in self._a_index:
+            row_off += nt * self.target.mma_m
             row = self.op2("add", self.warp_row, row_off, hint="ar") if row_off else self.warp_row
             col = self.op2("add", self.a_k0, start, hint="ac") if start else self.a_k0
             # SwizzledRows.element as IR (as swizzled_element, emitted in the order the
@@ -352,32 +360,46 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
                 out.append(self.a_fragment(vector[0], t, self.tile_params(params, k_step0, j, t)))
         return out, self.meta_words(meta)
 
-    def tile_params(self, params: list | None, k_step0: Value, vector: int, tile: int):
-        """The group parameters of K tile `tile` of the step's vector `vector`: the step's own
-        where it lies in one scale group (prefetched with its weights), else loaded for the
-        tile's first K position."""
+    def tile_params(self, params: list | None, k_step0: Value, vector: int, tile: int, nt: int = 0):
+        """The group parameters of K tile `tile` of the step's vector `vector` for the warp's
+        N tile nt: the step's own where it lies in one scale group (prefetched with its
+        weights), else loaded for the tile's first K position."""
         if params is not None:
-            return params[0]
+            return params[nt]
         k = vector * self.layout.dense_chunk + tile * self.tile_k_dense
-        return self.row_params(0, self.op2("add", k_step0, k, hint="kt") if k else k_step0)
+        return self.row_params(nt, self.op2("add", k_step0, k, hint="kt") if k else k_step0)
 
-    def store_acc(self, acc: Value) -> None:
-        """Each lane stores its own accumulator elements: row = N, column = M."""
+    def acc_bases(self) -> tuple[Value, Value]:
+        """(N row, M column) of this lane's first accumulator element."""
         b = self.b
-        mm = self.target.mma_m
-        per = len(self.acc_row_off)
         row0 = b.value("table", [self.lane], U32, {"name": "acc_row0"}, hint="cr")
         col0 = b.value("table", [self.lane], U32, {"name": "acc_col0"}, hint="cc")
-        n_lane = self.op2("add", self.op2("mul", self.n_tiles[0], mm, hint="yn"), row0, hint="yn")
-        m_lane = self.op2("add", self.m0, col0, hint="ym")
+        n_lane = self.op2("add", self.op2("mul", self.n_tiles[0], self.target.mma_m, hint="yn"), row0, hint="yn")
+        return n_lane, self.op2("add", self.m0, col0, hint="ym")
+
+    def store_acc(self, acc: Value, bases: tuple[Value, Value] | None = None, whole: Value | None = None) -> None:
+        """Each lane stores its own accumulator elements: row = N, column = M (from `bases`,
+        `acc_bases`, computed here unless given). `whole`: the warp's tile lies inside M and
+        N, where the stores go unpredicated (else each is predicated)."""
+        b = self.b
+        per = len(self.acc_row_off)
+        n_lane, m_lane = self.acc_bases() if bases is None else bases
         elems = b.value("frag_elems", [acc], VectorType(F32, per), hint="ce")
-        for e in range(per):
-            n = self.op2("add", n_lane, self.acc_row_off[e], hint="yn") if self.acc_row_off[e] else n_lane
-            m = self.op2("add", m_lane, self.acc_col_off[e], hint="ym") if self.acc_col_off[e] else m_lane
-            ok = self.op2("and", self.op2("lt", m, self.M, hint="p"), self.op2("lt", n, self.N, hint="p"), hint="p")
-            v = b.value("extract", [elems], F32, {"index": e}, hint="yv")
-            b.store("y", self.op2("add", self.op2("mul", m, self.N, hint="yi"), n, hint="yi"),
-                    b.cast(v, self.act, hint="yv"), ok)
+
+        def stores(check: bool) -> None:
+            for e in range(per):
+                n = self.op2("add", n_lane, self.acc_row_off[e], hint="yn") if self.acc_row_off[e] else n_lane
+                m = self.op2("add", m_lane, self.acc_col_off[e], hint="ym") if self.acc_col_off[e] else m_lane
+                ok = self.op2("and", self.op2("lt", m, self.M, hint="p"), self.op2("lt", n, self.N, hint="p"),
+                              hint="p") if check else None
+                v = b.value("extract", [elems], F32, {"index": e}, hint="yv")
+                b.store("y", self.op2("add", self.op2("mul", m, self.N, hint="yi"), n, hint="yi"),
+                        b.cast(v, self.act, hint="yv"), ok)
+
+        if whole is None:
+            stores(True)
+        else:
+            self.branch(whole, lambda: stores(False), lambda: stores(True))
 
 
 __all__ = ["WarpgroupLowering"]

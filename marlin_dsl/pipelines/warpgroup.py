@@ -13,6 +13,11 @@ from .base import ScheduleShape, is_positive_int, register_pipeline
 from .weight_stream import check_stream
 
 
+#: registers a consumer warp of the warp-role kernel needs besides its accumulator (the
+#: descriptors, slot indices and loop state of the wgmma loop; ptxas used 26 at tile_m = 256)
+_CONSUMER_REGISTERS = 26
+
+
 @register_pipeline
 @dataclass(frozen=True)
 class Warpgroup:
@@ -44,6 +49,22 @@ class Warpgroup:
     #: loaded a later step's words into a register a queued wgmma still read (its SASS, by
     #: `bench/warpgroup_gpu.py prepare`'s scan)
     sparse_pass: int = 2
+    #: producer warpgroups (0: none, every warp does everything). With producers the warps
+    #: specialise (lowering/warpgroup_roles.py): producer warps copy the activation tiles and
+    #: decode the weights into shared memory, the consumer warpgroups (warps_n / 4) only issue
+    #: the wgmmas and hold the accumulators, and the two meet at mbarriers. The threadgroup
+    #: has 4 * producers more warps; each producer warp decodes warps_n / (4 * producers) of
+    #: the block's 16-row N tiles. Every thread gets the same registers (ptxas allocates no
+    #: more to one role), so the consumers' accumulators must fit the even share (`check`)
+    producers: int = 0
+    #: with producers: decoded-weight (A) slots in shared memory; the activation slots are
+    #: `stages`, the copies run stages - a_stages steps ahead of the decode
+    a_stages: int = 3
+    #: with producers: who copies the activation tiles. "producers" (every step's copies, then
+    #: the decode), or "consumers" (the warps that hold the accumulators and otherwise only wait
+    #: for the tensor cores; they run the copies stages - 2 steps ahead and meet each other at
+    #: an mbarrier when a step's have landed, so the producers only decode)
+    copies: Literal["producers", "consumers"] = "producers"
     kind: Literal["warpgroup"] = "warpgroup"
 
     def validate(self, schedule: ScheduleShape) -> None:
@@ -64,13 +85,32 @@ class Warpgroup:
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup with a_source='shared' keeps one "
                                 f"step's wgmmas in flight while the next is copied: stages must be "
                                 f"at least 3, got {self.stages}", where)
+        if not isinstance(self.producers, int) or isinstance(self.producers, bool) or self.producers < 0 or (
+                self.producers and (schedule.warps_n % 4 or (schedule.warps_n // 4) % self.producers)):
+            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup producers is 0 (no warp roles) or a "
+                                f"number of warpgroups dividing warps_n / 4 = {schedule.warps_n // 4} (each "
+                                f"producer warp decodes the same number of 16-row N tiles), got {self.producers!r}",
+                                where)
+        if self.producers:
+            if self.a_source != "shared":
+                raise ScheduleError(f"schedule {schedule.name!r}: warpgroup producers decode into shared "
+                                    "memory: a_source must be 'shared'", where)
+            if self.copies not in ("producers", "consumers"):
+                raise ScheduleError(f"schedule {schedule.name!r}: warpgroup copies must be 'producers' or "
+                                    f"'consumers', got {self.copies!r}", where)
+            top = self.stages - 1 if self.copies == "producers" else 8
+            if not is_positive_int(self.a_stages) or not 2 <= self.a_stages <= top:
+                raise ScheduleError(f"schedule {schedule.name!r}: warpgroup a_stages (decoded-weight slots) "
+                                    f"must be an integer 2..{top} (producers copying run the copies "
+                                    f"stages - a_stages steps ahead), got {self.a_stages!r} with stages "
+                                    f"{self.stages}", where)
         if schedule.warps_m != 1:
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup splits N among warps (one "
                                 f"instruction covers the tile's M): warps_m must be 1, got "
                                 f"{schedule.warps_m}", where)
 
     def warps(self, schedule: ScheduleShape) -> int:
-        return schedule.warps_m * schedule.warps_n
+        return schedule.warps_m * schedule.warps_n + 4 * self.producers
 
     def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
         where, name = schedule.location, schedule.name
@@ -90,6 +130,22 @@ class Warpgroup:
             raise ScheduleError(f"schedule {name!r}: the weight layout's A tiles are "
                                 f"{layout.tile_rows}x{layout.tile_cols}, the warpgroup MMA's "
                                 f"per-warp A is {target.mma_m}x{k}", where)
+        if self.producers and target.warpgroup_warps != 4:
+            raise ScheduleError(f"schedule {name!r}: warpgroup producers are warpgroups of 4 warps; "
+                                f"{target.name}'s warpgroup has {target.warpgroup_warps}", where)
+        if self.producers and target.registers_per_block:
+            threads = (schedule.warps_n + 4 * self.producers) * target.warp_size
+            share = min(target.max_registers, target.registers_per_block // threads) // 8 * 8
+            need = schedule.tile_m // 2 + _CONSUMER_REGISTERS
+            if need > share:
+                raise ScheduleError(f"schedule {name!r}: warpgroup with {self.producers} producer warpgroups "
+                                    f"is {threads} threads, {share} registers each; a consumer's {schedule.tile_m}"
+                                    f"-column accumulator and loop need about {need}: fewer producers or a "
+                                    "smaller tile_m", where)
+        if self.producers and layout.sparse:
+            raise ScheduleError(f"schedule {name!r}: warpgroup producers (warp roles) take dense formats; "
+                                f"{fmt.name!r} is 2:4 (its metadata words would have to reach the consumer "
+                                "warps through shared memory): use producers=0", where)
         if schedule.warps_n % target.warpgroup_warps:
             raise ScheduleError(f"schedule {name!r}: warps_n = {schedule.warps_n} is not a whole "
                                 f"number of warpgroups ({target.warpgroup_warps} warps)", where)

@@ -117,6 +117,10 @@ class Target:
     #: the architecture whose code has the warpgroup MMA (printers mark such kernels with it;
     #: runtimes pick warpgroup schedules on a device of that architecture), or None
     warpgroup_arch: str | None = None
+    #: 32-bit registers one threadgroup may hold in all, and one thread at most: warp roles
+    #: share them out unevenly (`warp_roles` regs); 0 where the target does not say
+    registers_per_block: int = 0
+    max_registers: int = 255
 
     def shared_limit(self, warpgroup: bool = False) -> int:
         """Shared memory one threadgroup may use (kernels with the warpgroup MMA: its own)."""

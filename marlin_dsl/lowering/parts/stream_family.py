@@ -110,15 +110,19 @@ class StreamFamily(ScatterFragments):
                 and (g == "K" or int(g) % self.layout.dense_chunk == 0)
                 and self.c_row_base == self.a_row_base and set(self.c_row_off) <= set(self.a_row_off))
 
-    def stream_setup(self, indices: Sequence[str], second: str, warp_tile_hint: str, clamp: bool) -> tuple[Value, Value]:
+    def stream_setup(self, indices: Sequence[str], second: str, warp_tile_hint: str, clamp: bool,
+                     warps_n: int | None = None) -> tuple[Value, Value]:
         """Thread indices, lane tables, the warp's N tiles, K vectors and which tiles exist.
         Warp w = second * warps_n + wn; returns (wn, second) (`second` names it: the weight
-        stream's K warp "wk", the multistage M warp "wm"). `clamp`: also the last N tile."""
+        stream's K warp "wk", the multistage M warp "wm"). `clamp`: also the last N tile.
+        `warps_n`: the warps sharing the block's N tiles (default the schedule's; warp roles
+        give the tiles to their producer warps, `nsub` each)."""
         b, s = self.b, self.s
         mm = self.target.mma_m
+        warps_n = s.warps_n if warps_n is None else warps_n
         self.ctx.emit_indices(*indices)
-        wn = self.op2("rem", self.warp, s.warps_n, hint="wn")
-        w2 = self.op2("div", self.warp, s.warps_n, hint=second)
+        wn = self.op2("rem", self.warp, warps_n, hint="wn")
+        w2 = self.op2("div", self.warp, warps_n, hint=second)
         self.a_row0 = b.value("table", [self.lane], U32, {"name": "a_row0"}, hint="ar")
         self.b_k0 = b.value("table", [self.lane], U32, {"name": "b_k0"}, hint="bk")
         self.b_n0 = b.value("table", [self.lane], U32, {"name": "b_n0"}, hint="bn")

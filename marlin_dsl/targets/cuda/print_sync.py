@@ -4,8 +4,8 @@
 the prelude's `mdsl::mbar_init` / `mbar_arrive` / `mbar_wait` (codegen/cuda_prelude.cuh:
 `mbarrier.init` / `.arrive` / `.try_wait.parity` on the 64-bit barrier object at that index).
 
-Register counts: a kernel with role register counts is printed with `__launch_bounds__(threads,
-1)` (`launch_bounds` below), so ptxas allocates at most `base_registers(threads)` per thread;
+Register counts: a kernel with warp roles is printed with `__launch_bounds__(threads, 1)`
+(`launch_bounds` below), so ptxas allocates at most `base_registers(threads)` per thread;
 a role asking for more increases (`setmaxnreg.inc`), one asking for less decreases
 (`setmaxnreg.dec`). Together the roles may not ask for more than the register file (64K
 32-bit registers per block on sm_90); ptxas allocates each role's code within its count."""
@@ -15,17 +15,18 @@ from typing import Callable
 
 from ...errors import CompileError
 from ...ir.core import Block, Kernel, Op
+from .description import CUDA
 
 __all__ = ["SYNC_EMITTERS", "SYNC_ARCH_OPS", "SyncEmitters", "base_registers", "launch_bounds", "role_registers"]
 
-#: registers of an sm_90 block (the register file of one SM)
-REGISTER_FILE = 65536
+#: registers of a block (sm_90: the register file of one SM)
+REGISTER_FILE = CUDA.registers_per_block
 
 
 def base_registers(threads: int) -> int:
     """The per-thread register count of a block of `threads` under `__launch_bounds__(threads,
     1)`: the register file shared out, in the allocation unit of 8 per thread."""
-    return min(255, REGISTER_FILE // threads) // 8 * 8
+    return min(CUDA.max_registers, REGISTER_FILE // threads) // 8 * 8
 
 
 def role_registers(k: Kernel) -> tuple[int, ...] | None:
@@ -37,8 +38,10 @@ def role_registers(k: Kernel) -> tuple[int, ...] | None:
 
 
 def launch_bounds(k: Kernel) -> int | None:
-    """The `__launch_bounds__` thread count the kernel is printed with (None: none)."""
-    return k.threads if role_registers(k) is not None else None
+    """The `__launch_bounds__` thread count the kernel is printed with (None: none): a kernel
+    with warp roles, so that ptxas keeps every role within the block's share of registers
+    (without it ptxas gave a 384-thread warpgroup kernel 196 registers, which cannot launch)."""
+    return k.threads if any(op.name == "warp_roles" for op in k.body.ops) else None
 
 
 #: ops whose presence (with register counts, for warp_roles) makes a kernel sm_90a-only

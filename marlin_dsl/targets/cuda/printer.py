@@ -41,7 +41,7 @@ from ...ir.types import BF16, BOOL, F16, F32, I32, U32, ScalarType, Type, Vector
 from ..c_printer import CPrinter
 from .description import CUDA
 from .print_mma import MMA_EMITTERS, MmaEmitters
-from .print_sync import SYNC_EMITTERS, SyncEmitters, launch_bounds
+from .print_sync import SYNC_EMITTERS, SyncEmitters, launch_bounds, role_registers
 from .print_wgmma import WGMMA_EMITTERS, WGMMA_OPS, WgmmaEmitters
 from .print_shared import DYNAMIC_SHARED_NAME, STATIC_SHARED_BYTES, dynamic_shared_bytes, shared_declarations
 from .print_types import PAIR, bits_table, comment_value, cuda_type, f32_bits, is_pair, literal, zero
@@ -467,7 +467,7 @@ class _Printer(MmaEmitters, WgmmaEmitters, SyncEmitters, CPrinter):
                                                "tile", "warps", "mma", "parallel", "k_warps", "weight_layout", "cuda_arch")
                  if key in k.attrs}
         bounds = launch_bounds(k)
-        if any(op.name in WGMMA_OPS for op in k.walk()) or bounds is not None:
+        if any(op.name in WGMMA_OPS for op in k.walk()) or role_registers(k) is not None:
             # wgmma and setmaxnreg (warp roles' register counts) exist only there, not in sm_90's PTX
             attrs["cuda_arch"] = CUDA.warpgroup_arch
         if bounds is not None:  # ptxas's per-thread budget, which the roles' setmaxnreg moves

@@ -10,7 +10,7 @@ from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
 from ..base import Target
 from .description import CUDA
 
-__all__ = ["multistage_schedule", "stream_step_k", "tuned_schedule", "warpgroup_schedule"]
+__all__ = ["multistage_schedule", "stream_step_k", "tuned_schedule", "warpgroup_roles_schedule", "warpgroup_schedule"]
 
 
 def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
@@ -126,5 +126,22 @@ def warpgroup_schedule(fmt: Format, m: int, target: Target | None = None, k: int
         tile_m, stages = (256 if m > 128 else 128), 4
     sched = Schedule(f"warpgroup_{tile_m}", tile_m=tile_m, tile_n=128, tile_k=tile_k, warps_m=1, warps_n=8,
                      pipeline=Warpgroup(stages=stages, depth=2))
+    sched.check(fmt, target)
+    return sched
+
+
+def warpgroup_roles_schedule(fmt: Format, m: int, target: Target | None = None) -> Schedule:
+    """The warpgroup schedule with warp roles (dense formats): one producer warpgroup decoding
+    the 128 N rows of a block into 4 A slots, two consumer warpgroups multiplying 256 M rows and
+    copying the activations 2 steps ahead into 4 slots. The best of the roles schedules timed on
+    the H100 (bench/results/issue15_h100_2026-11-27: 150 / 516 / 475 us at M = 2048 on the three
+    issue shapes in run 3, 153 / 532 / 478 in run 4), but 3-8% slower than `warpgroup_schedule`'s
+    (the one producer warpgroup's decode bounds it), so `tuned_schedule` does not pick it. A
+    ScheduleError where the format has no such kernel (2:4, block patterns)."""
+    target = target or CUDA
+    tile_m = 256 if m > 128 else 128
+    sched = Schedule(f"warpgroup_roles_{tile_m}", tile_m=tile_m, tile_n=128, tile_k=stream_layout(fmt, target).dense_chunk,
+                     warps_m=1, warps_n=8,
+                     pipeline=Warpgroup(stages=4, depth=2, producers=1, a_stages=4, copies="consumers"))
     sched.check(fmt, target)
     return sched
