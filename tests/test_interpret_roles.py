@@ -293,6 +293,38 @@ def test_a_wait_acquires_every_earlier_arrive_of_the_barrier() -> None:
     np.testing.assert_array_equal(out, np.arange(SLOT, dtype=np.float32))
 
 
+@pytest.mark.parametrize("sync, race", [(None, True), ("simdgroup", False)])
+def test_the_same_warp_rule_holds_inside_roles(sync: str | None, race: bool) -> None:
+    # every lane of warp 1 reads element 0 (a broadcast), then its lane 0 writes it: another
+    # lane's read needs a simdgroup barrier between, as outside roles; warp 0 then overwrites
+    # it after waiting on warp 1's arrive (ordered)
+    b = Builder()
+    tid, lane = b.index("tid"), b.index("lane")
+    zero = b.const(0)
+    _if(b, b.binary("eq", tid, zero), lambda: _init(b, "bar", zero, SLOT))
+    b.store("buf", tid, b.cast(tid, F32))
+    b.barrier()
+
+    def reader() -> None:
+        b.store("y", lane, b.load("buf", zero, F32))
+        if sync is not None:
+            b.barrier(sync)
+        _if(b, b.binary("eq", lane, zero), lambda: b.store("buf", zero, b.const(5.0, F32)))
+        _arrive(b, "bar", zero)
+
+    def writer() -> None:
+        _wait(b, "bar", zero, zero)
+        b.store("buf", lane, b.const(7.0, F32))
+    _roles(b, (1, 1), writer, reader)
+    kernel = _kernel(b, 64, 2, [BufferParam("y", F32, "write")], [SharedArray("buf", F32, 64), SharedArray("bar", U32, 2)])
+    bufs = {"y": np.zeros(SLOT, np.float32)}
+    if race:
+        err = _raises(kernel, bufs, "race")
+        assert "write by thread 32 (warp 1, lane 0) after a read by several threads of warp 1" in str(err)
+    else:
+        np.testing.assert_array_equal(run_kernel(kernel, bufs, {})["y"], np.zeros(SLOT, np.float32))
+
+
 def test_using_a_barrier_before_the_threadgroup_barrier_after_its_init_is_a_race() -> None:
     err = _raises(ring_kernel(barrier_after_init=False), ring_buffers(), "race")
     assert "mbarrier @full[0] initialised by thread 0 (warp 0, lane 0)" in str(err)
