@@ -22,10 +22,19 @@ updates only; the handlers are in roles.py, the checks that use the clocks in ma
 """
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 
 #: the ops that switch the happens-before bookkeeping on for a kernel
 SYNC_OPS = frozenset({"warp_roles", "mbarrier_init", "mbarrier_arrive", "mbarrier_wait"})
+
+
+class _Blocking(Protocol):
+    """The scheduler of the running warp roles (roles.py): a role's wait that cannot return
+    yet hands the baton on through it."""
+
+    def block(self, wait: Any) -> None: ...
 
 
 class _ReadStamps:
@@ -188,7 +197,7 @@ class _Clocks:
         self.rc = np.zeros((G, W), np.int64)
         self.vc = np.zeros((G, W, W), np.int64)
         self.mbarriers: dict[str, _MBarriers] = {}
-        self.scheduler: object | None = None
+        self.scheduler: _Blocking | None = None
 
     def barriers(self, name: str, n: int) -> _MBarriers:
         st = self.mbarriers.get(name)

@@ -312,7 +312,7 @@ def _h_mbarrier_wait(m: _Machine, op: Op) -> Fn:
                 raise InterpreterError(f"kernel {m.kernel.name}: deadlock: the threadgroup {text}, "
                                        "outside warp_roles (no other role can arrive)",
                                        kind="deadlock", op=op, group=m.coords(g), warp=w)
-            sched.block(_Wait(op, ready, describe))  # type: ignore[attr-defined]
+            sched.block(_Wait(op, ready, describe))
         # acquire what the arrivals of the completed phase released
         clocks.join(gi, wi, st.released[gi, b])
     return run
