@@ -47,6 +47,39 @@ the warp (a pseudo-thread T + warp), so even a fragment store followed by a frag
 the same warp needs a barrier between them. Device memory is not race-checked; ops run in
 lockstep, so device memory is coherent across the launch.
 
+Warp roles (`roles.py`): the regions of a `warp_roles` run concurrently on their own warps
+(region i on the next warps[i] warps, under the mask of their threads). The interpreter runs
+them as cooperative tasks, one Python thread per role of which exactly one runs at a time:
+role 0 first, and the baton passes round-robin to the next role that can run only when the
+running role waits at an mbarrier whose phase has not completed, or finishes. When every
+unfinished role waits on a phase that cannot complete, the run stops with an error of kind
+`deadlock` naming each role's wait. Runs are deterministic; an error in a role stops every
+role's thread and reaches the caller as raised. All threadgroups still run in lockstep inside
+a role: a wait returns once its phase has completed in every group (a deadlock message says
+when the groups diverged). mbarriers (per array, barrier and group: initialised, count,
+arrivals missing, phase) follow docs/IR.md; their ops are executed by whole warps with a
+warp-uniform index and parity (`collective` otherwise), an index past size/2 is `bounds`, an
+uninitialised barrier `uninitialised`, a parity other than 0/1 `input`, and using a barrier
+from another warp than its initialiser's with no threadgroup barrier (or mbarrier ordering)
+after the init is a `race`.
+
+Races under warp roles (`clocks.py`; only kernels with warp-role ops keep this state, other
+kernels run the checks above unchanged): roles order shared memory through mbarriers, so the
+rule becomes happens-before. Per group, each warp has a release clock (the arrives it
+executed) and a vector clock (the latest release clock of every warp it synchronised with);
+an arrive releases the arriving warp's vector clock with its own entry advanced, the barrier
+accumulates what its arrives released, a completed wait joins what the barrier had released
+when the awaited phase completed (cumulative: arrives are read-modify-writes, so a wait is
+ordered after every earlier arrive of the barrier). Each shared write is stamped with the
+writer's release clock, each read per reading warp (a lazily allocated [elements, W] record).
+An access by warp r after another warp w's access (one of them a write) at stamp s is
+ordered iff r's clock of w is > s; anything else is a `race`. Same-warp accesses keep the
+epoch rule, a threadgroup barrier still clears the records (and gives every warp every
+warp's clock). Async copies count as writes of the copying thread when they land (at their
+async_wait); a wgmma's reads of its shared tiles are stamped again when its wgmma_wait retires
+it, so only an arrive after the wait releases the tile to a warp that overwrites it. Not
+checked: an mbarrier re-initialised while other warps use it.
+
 `atomic_add` is serialised in (group, thread) order, the group index running x fastest:
 g = x + gx * (y + gy * z).
 
@@ -54,7 +87,8 @@ The scalar semantics of the ALU ops are the op table's (`OpDef.evaluate`, ir/sem
 the rounding rules of ir/numerics.py), which the constant folder shares. The package: `machine.py` (the
 machine: masks, threadgroup memory with its race bookkeeping, async copies, the compiler of
 blocks to closures, and helpers the handlers share), and one module per op group of handlers
-(`alu.py`, `memory.py`, `fragments.py`, `warpgroup.py`, `control.py`), joined by `HANDLERS` here.
+(`alu.py`, `memory.py`, `fragments.py`, `warpgroup.py`, `control.py`, `roles.py`), joined by
+`HANDLERS` here; `clocks.py` holds the happens-before state of warp roles and mbarriers.
 """
 from __future__ import annotations
 
@@ -72,6 +106,7 @@ from .machine import Fn, InterpreterError, _Machine, launch_size
 from .memory import (_h_async_commit, _h_async_copy, _h_async_wait, _h_atomic_add, _h_barrier,
                      _h_frag_elems, _h_load, _h_store, _h_vstore)
 from .warpgroup import _h_fence, _h_wgmma, _h_wgmma_commit, _h_wgmma_fence, _h_wgmma_wait
+from .roles import _h_mbarrier_arrive, _h_mbarrier_init, _h_mbarrier_wait, _h_warp_roles
 from ..numerics import round_bf16
 
 __all__ = ["HANDLERS", "InterpreterError", "launch_size", "round_bf16", "run_kernel"]
@@ -90,6 +125,8 @@ HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
     "async_wait": _h_async_wait,
     "mma": _h_mma, "mma_sp": _h_mma_sp, "wgmma": _h_wgmma, "wgmma_fence": _h_wgmma_fence,
     "wgmma_commit": _h_wgmma_commit, "wgmma_wait": _h_wgmma_wait, "for": _h_for, "if": _h_if, "switch": _h_switch,
+    "warp_roles": _h_warp_roles, "mbarrier_init": _h_mbarrier_init, "mbarrier_arrive": _h_mbarrier_arrive,
+    "mbarrier_wait": _h_mbarrier_wait,
 }
 
 

@@ -8,6 +8,7 @@ from ...errors import MarlinDSLError
 from ..core import Block, BufferParam, ConstTable, Kernel, Op, SharedArray, Value
 from ..types import BF16, BOOL, FragmentType, Type, VectorType
 from ..numerics import _INT_RANGE, _U32, _round_f64, round_bf16
+from .clocks import SYNC_OPS, _Clocks, _ReadStamps
 
 
 class InterpreterError(MarlinDSLError):
@@ -16,7 +17,8 @@ class InterpreterError(MarlinDSLError):
     `kind` is one of: bounds, uninitialised, race, shift, division, cast, divergent_barrier,
     collective, misaligned, access, loop, input, unsupported, metadata (sparse MMA metadata
     the hardware leaves undefined), async (shared memory accessed while an async_copy to it
-    is still in flight). `op` is the offending op,
+    is still in flight), deadlock (every unfinished warp role waits at an mbarrier whose phase
+    cannot complete). `op` is the offending op,
     `result` the name of its first result (or None), `group` the (x, y, z) threadgroup,
     `thread` the thread index in its group (None for warp-level problems), `warp` its warp and
     `index` the memory index or offending operand value where there is one."""
@@ -87,6 +89,10 @@ class _Shared:
         self.gen_writer = np.full(n, -1, np.int64)
         #: wgmmas in flight reading the element (writes must wait for their wgmma_wait)
         self.wg_reading = np.zeros(n, np.int32)
+        #: kernels with warp roles (clocks.py): the writer's release clock at the write, and
+        #: per reading warp its latest read (allocated at the first read)
+        self.wr_clock: np.ndarray | None = None
+        self.reads: _ReadStamps | None = None
 
 
 Fn = Callable[[_Mask], None]
@@ -135,6 +141,14 @@ class _Machine:
             self.device[b.name] = self._to_holding(b, buffers[b.name])
             self.access[b.name] = b.access
         self.shared = {s.name: _Shared(s, G) for s in kernel.shared}
+        # happens-before bookkeeping, only for kernels with warp roles or mbarriers (clocks.py)
+        self.sync: _Clocks | None = None
+        self.unordered = "with no barrier between"
+        if any(op.name in SYNC_OPS for op in kernel.walk()):
+            self.sync = _Clocks(G, W)
+            self.unordered = "with no barrier or mbarrier arrive -> wait ordering them"
+            for sh in self.shared.values():
+                sh.wr_clock = np.zeros(len(sh.data), np.int64)
         self.tables = {t.name: self._table(t) for t in kernel.tables}
         self.warp_epoch = np.zeros((G, W), np.int64)
         # async copies: per thread, the groups committed so far; per issued copy a record
@@ -240,7 +254,7 @@ class _Machine:
         return f"thread {tid} (warp {tid // self.ws}, lane {tid % self.ws})"
 
     def desc(self, op: Op) -> str:
-        attrs = ", ".join(f"{k}=@{v}" if k in ("buffer", "name") and op.name != "scalar" else f"{k}={v}"
+        attrs = ", ".join(f"{k}=@{v}" if k in ("buffer", "name", "barriers") and op.name != "scalar" else f"{k}={v}"
                           for k, v in op.attrs.items())
         head = f"{op.name}[{attrs}]" if attrs else op.name
         if op.results:
@@ -313,12 +327,15 @@ class _Machine:
         else:
             new_tid = tid
         new_warp = warp
+        multi_t = None
         if n > 1:
             multi_t = self._multi(sh, flat, tid) if not collective else None
             multi_w = self._multi(sh, flat, warp)
             if multi_t is not None:
                 new_tid = np.where(multi_t, -2, tid)
             new_warp = np.where(multi_w, -2, warp)
+        if self.sync is not None:  # warp roles: every reading warp's read, with its clock
+            self.read_stamps(sh).note(flat, warp, tid, multi_t, epoch, self.sync.rc[gi, warp], op_id)
         old_w = sh.rd_warp[flat]
         old_t = sh.rd_tid[flat]
         none = old_w == -1
@@ -349,13 +366,15 @@ class _Machine:
             return
         wwarp = np.where(wt >= T, wt - T, wt // self.ws)
         race = cand & ~((wwarp == warp) & (epoch > sh.wr_stamp[flat]))
+        if self.sync is not None and race.any():  # another warp's write, ordered by mbarriers?
+            race &= ~((wwarp != warp) & (self.sync.vc[gi, warp, wwarp] > sh.wr_clock[flat]))
         if race.any():
             p = int(np.argmax(race))
             e = int(flat[p])
             other = self.ops[int(sh.wr_op[e])]
             self.fail("race", op, f"data race on shared @{sh.decl.name}[{e - int(gi[p]) * sh.size}]: "
                       f"{what} by {self.who(int(tid[p]))} after a write by {self.who(int(wt[p]))} in "
-                      f"{self.desc(other)} with no barrier between", int(gi[p]), int(tid[p]),
+                      f"{self.desc(other)} {self.unordered}", int(gi[p]), int(tid[p]),
                       index=e - int(gi[p]) * sh.size)
 
     def check_write(self, op: Op, op_id: int, sh: _Shared, flat: np.ndarray, gi: np.ndarray,
@@ -383,7 +402,9 @@ class _Machine:
         epoch = self.warp_epoch[gi, warp]
         self._check_writer(op, sh, flat, gi, tid, warp, epoch, collective, "write")
         rw = sh.rd_warp[flat]
-        if (rw != -1).any():
+        if sh.reads is not None:
+            self._check_readers(op, sh, flat, gi, tid, warp, epoch, collective)
+        elif (rw != -1).any():
             rt = sh.rd_tid[flat]
             other_lane = (rt != tid) if not collective else True
             race = (rw == -2) | ((rw >= 0) & (rw != warp)) | \
@@ -399,13 +420,38 @@ class _Machine:
                     reader = self.who(last)
                 self.fail("race", op, f"data race on shared @{sh.decl.name}[{e - int(gi[p]) * sh.size}]: "
                           f"write by {self.who(int(tid[p]))} after a read by {reader} in "
-                          f"{self.desc(self.ops[int(sh.rd_op[e])])} with no barrier between",
+                          f"{self.desc(self.ops[int(sh.rd_op[e])])} {self.unordered}",
                           int(gi[p]), int(tid[p]), index=e - int(gi[p]) * sh.size)
         sh.wr_tid[flat] = tid
         sh.wr_stamp[flat] = epoch
         sh.wr_op[flat] = op_id
         sh.written[flat] = True
         sh.rd_warp[flat] = -1
+        if sh.wr_clock is not None:
+            sh.wr_clock[flat] = self.sync.rc[gi, warp]  # type: ignore[union-attr]
+            if sh.reads is not None:
+                sh.reads.clear(flat)
+
+    def read_stamps(self, sh: _Shared) -> _ReadStamps:
+        if sh.reads is None:
+            sh.reads = _ReadStamps(len(sh.data), self.W)
+        return sh.reads
+
+    def _check_readers(self, op: Op, sh: _Shared, flat: np.ndarray, gi: np.ndarray, tid: np.ndarray,
+                       warp: np.ndarray, epoch: np.ndarray, collective: bool) -> None:
+        """Warp roles: a write after reads of the element by other warps must be ordered after
+        each of them by the happens-before clocks, after its own warp's by a simdgroup barrier."""
+        assert sh.reads is not None and self.sync is not None
+        hit = sh.reads.racing(flat, warp, tid, epoch, self.sync.vc[gi, warp], collective)
+        if hit is None:
+            return
+        p, r = hit
+        e, rt = int(flat[p]), int(sh.reads.tid[flat[p], r])
+        i = e - int(gi[p]) * sh.size
+        reader = f"several threads of warp {r}" if rt == -2 else self.who(rt)
+        self.fail("race", op, f"data race on shared @{sh.decl.name}[{i}]: write by {self.who(int(tid[p]))} "
+                  f"after a read by {reader} in {self.desc(self.ops[int(sh.reads.op[e, r])])} "
+                  f"{self.unordered}", int(gi[p]), int(tid[p]), index=i)
 
     def register_op(self, op: Op) -> int:
         self.ops.append(op)

@@ -212,7 +212,11 @@ def _h_barrier(m: _Machine, op: Op) -> Fn:
                 for sh in shared:
                     sh.wr_tid.fill(-1)
                     sh.rd_warp.fill(-1)
+                    if sh.reads is not None:
+                        sh.reads.tid.fill(-1)
                 m.warp_epoch += 1
+                if m.sync is not None:
+                    m.sync.threadgroup_barrier(None)
                 return
             a = mask.arr.any(1)
             f = mask.arr.all(1)
@@ -227,7 +231,11 @@ def _h_barrier(m: _Machine, op: Op) -> Fn:
             for sh in shared:
                 sh.wr_tid.reshape(G, sh.size)[f] = -1
                 sh.rd_warp.reshape(G, sh.size)[f] = -1
+                if sh.reads is not None:
+                    sh.reads.clear_groups(f, G)
             m.warp_epoch[f] += 1
+            if m.sync is not None:
+                m.sync.threadgroup_barrier(f)
             return
         s = mask.arr.reshape(G, W, ws)
         f = s.all(-1)

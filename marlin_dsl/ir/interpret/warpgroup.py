@@ -33,10 +33,12 @@ class _Issued:
     """One wgmma execution: which warps issued it, the B elements each reads (flat indices,
     [warps, k * n]) and the group index of each warp's issue."""
 
-    __slots__ = ("op", "gi", "wi", "flat", "group", "sh")
+    __slots__ = ("op", "gi", "wi", "flat", "group", "sh", "op_id")
 
-    def __init__(self, op: Op, gi: np.ndarray, wi: np.ndarray, flat: np.ndarray, group: np.ndarray, sh) -> None:
+    def __init__(self, op: Op, gi: np.ndarray, wi: np.ndarray, flat: np.ndarray, group: np.ndarray, sh,
+                 op_id: int) -> None:
         self.op, self.gi, self.wi, self.flat, self.group, self.sh = op, gi, wi, flat, group, sh
+        self.op_id = op_id
 
 
 def _target(m: _Machine):
@@ -108,7 +110,8 @@ def _h_wgmma(m: _Machine, op: Op) -> Fn:
         regs[r] = out
         for fl in flats:
             np.add.at(fl[1].sh.wg_reading, fl[0].reshape(-1), 1)
-            m.wg_pending.append(_Issued(op, gi, wi, fl[0].reshape(len(gi), -1), m.wg_commits[gi, wi].copy(), fl[1].sh))
+            m.wg_pending.append(_Issued(op, gi, wi, fl[0].reshape(len(gi), -1), m.wg_commits[gi, wi].copy(),
+                                        fl[1].sh, op_id))
     return run
 
 
@@ -206,9 +209,12 @@ def _h_wgmma_wait(m: _Machine, op: Op) -> Fn:
             done = warps[rec.gi, rec.wi] & (rec.group < m.wg_commits[rec.gi, rec.wi] - pending)
             if done.any():
                 np.subtract.at(rec.sh.wg_reading, rec.flat[done].reshape(-1), 1)
+                if m.sync is not None:
+                    _restamp(m, rec, done)
             if not done.all():
                 rest = ~done
-                left = _Issued(rec.op, rec.gi[rest], rec.wi[rest], rec.flat[rest], rec.group[rest], rec.sh)
+                left = _Issued(rec.op, rec.gi[rest], rec.wi[rest], rec.flat[rest], rec.group[rest], rec.sh,
+                               rec.op_id)
                 if readable and warps[left.gi, left.wi].any():
                     p = int(np.argmax(warps[left.gi, left.wi]))
                     m.fail("async", op, f"returns an accumulator while the wgmma giving "
@@ -218,6 +224,17 @@ def _h_wgmma_wait(m: _Machine, op: Op) -> Fn:
         if readable:
             regs[r] = regs[c] if mask.full or regs[r] is None else np.where(warps[:, :, None, None], regs[c], regs[r])
     return run
+
+
+def _restamp(m: _Machine, rec: _Issued, done: np.ndarray) -> None:
+    """Warp roles (clocks.py): the retired wgmmas read their tiles until now, their wgmma_wait;
+    their warps' read records get the warps' clocks now, so only an arrive after the wait
+    releases the tiles to a warp that overwrites them."""
+    assert m.sync is not None
+    reps = rec.flat.shape[1]
+    gi, wi = np.repeat(rec.gi[done], reps), np.repeat(rec.wi[done], reps)
+    m.read_stamps(rec.sh).restamp(rec.flat[done].reshape(-1), wi, m.T + wi, m.warp_epoch[gi, wi],
+                                  m.sync.rc[gi, wi], rec.op_id)
 
 
 def _h_fence(m: _Machine, op: Op) -> Fn:
