@@ -117,3 +117,23 @@ def test_stale_claims_are_gone(claim: str) -> None:
     """Claims issue 17 found wrong against their result files."""
     for text in (README, BENCH_README):
         assert claim not in " ".join(text.split())
+
+
+def test_warp_roles_and_read_floor(capsys: pytest.CaptureFixture) -> None:
+    """bench/README, issue 15's fifth round: the warp-role and unspecialised kernels at M = 2048
+    in runs 3-5 (every check of each run correct), and the read floor table as the probe's
+    report prints it from the committed Nsight Compute output."""
+    import importlib.util
+
+    text = BENCH_README
+    for run in ("run3_consumer_copies", "run4_slack_depth", "run5_final"):
+        doc = _load(f"issue15_h100_2026-11-27/{run}.json")
+        for key in ("ws256c44_us", "wg256_us"):
+            assert " | ".join(f"{v:.1f}" for v in _m2048(doc, key)) + " |" in text, (run, key)
+        assert doc["checks"] and all(c["ok"] for c in doc["checks"]), run
+    spec = importlib.util.spec_from_file_location("read_floor_probe", ROOT / "bench" / "read_floor_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)  # type: ignore[union-attr]
+    probe.report(RESULTS / "issue15_h100_2026-11-27" / "read_floor_ncu.txt")
+    for line in capsys.readouterr().out.splitlines():
+        assert line in text, line

@@ -222,4 +222,30 @@ class _Clocks:
         self.vc[gi, wi] = np.maximum(self.vc[gi, wi], clock)
 
 
-__all__ = ["SYNC_OPS"]
+def read_stamps(sh: Any, W: int) -> _ReadStamps:
+    """The per-warp read stamps of shared array `sh` (machine.py's _Shared), allocated at its
+    first read in a kernel with warp roles."""
+    if sh.reads is None:
+        sh.reads = _ReadStamps(len(sh.data), W)
+    return sh.reads
+
+
+def check_readers(m: Any, op: Any, sh: Any, flat: np.ndarray, gi: np.ndarray, tid: np.ndarray,
+                  warp: np.ndarray, epoch: np.ndarray, collective: bool) -> None:
+    """Warp roles: a write after reads of the element by other warps must be ordered after
+    each of them by the happens-before clocks, after its own warp's by a simdgroup barrier
+    (`m`: the machine, whose `fail` raises the race)."""
+    assert sh.reads is not None and m.sync is not None
+    hit = sh.reads.racing(flat, warp, tid, epoch, m.sync.vc[gi, warp], collective)
+    if hit is None:
+        return
+    p, r = hit
+    e, rt = int(flat[p]), int(sh.reads.tid[flat[p], r])
+    i = e - int(gi[p]) * sh.size
+    reader = f"several threads of warp {r}" if rt == -2 else m.who(rt)
+    m.fail("race", op, f"data race on shared @{sh.decl.name}[{i}]: write by {m.who(int(tid[p]))} "
+           f"after a read by {reader} in {m.desc(m.ops[int(sh.reads.op[e, r])])} "
+           f"{m.unordered}", int(gi[p]), int(tid[p]), index=i)
+
+
+__all__ = ["SYNC_OPS", "check_readers", "read_stamps"]

@@ -8,7 +8,7 @@ from ...errors import MarlinDSLError
 from ..core import Block, BufferParam, ConstTable, Kernel, Op, SharedArray, Value
 from ..types import BF16, BOOL, FragmentType, Type, VectorType
 from ..numerics import _INT_RANGE, _U32, _round_f64, round_bf16
-from .clocks import SYNC_OPS, _Clocks, _ReadStamps
+from .clocks import SYNC_OPS, _Clocks, _ReadStamps, check_readers, read_stamps
 
 
 class InterpreterError(MarlinDSLError):
@@ -335,7 +335,7 @@ class _Machine:
                 new_tid = np.where(multi_t, -2, tid)
             new_warp = np.where(multi_w, -2, warp)
         if self.sync is not None:  # warp roles: every reading warp's read, with its clock
-            self.read_stamps(sh).note(flat, warp, tid, multi_t, epoch, self.sync.rc[gi, warp], op_id)
+            read_stamps(sh, self.W).note(flat, warp, tid, multi_t, epoch, self.sync.rc[gi, warp], op_id)
         old_w = sh.rd_warp[flat]
         old_t = sh.rd_tid[flat]
         none = old_w == -1
@@ -403,7 +403,7 @@ class _Machine:
         self._check_writer(op, sh, flat, gi, tid, warp, epoch, collective, "write")
         rw = sh.rd_warp[flat]
         if sh.reads is not None:
-            self._check_readers(op, sh, flat, gi, tid, warp, epoch, collective)
+            check_readers(self, op, sh, flat, gi, tid, warp, epoch, collective)
         elif (rw != -1).any():
             rt = sh.rd_tid[flat]
             other_lane = (rt != tid) if not collective else True
@@ -431,27 +431,6 @@ class _Machine:
             sh.wr_clock[flat] = self.sync.rc[gi, warp]  # type: ignore[union-attr]
             if sh.reads is not None:
                 sh.reads.clear(flat)
-
-    def read_stamps(self, sh: _Shared) -> _ReadStamps:
-        if sh.reads is None:
-            sh.reads = _ReadStamps(len(sh.data), self.W)
-        return sh.reads
-
-    def _check_readers(self, op: Op, sh: _Shared, flat: np.ndarray, gi: np.ndarray, tid: np.ndarray,
-                       warp: np.ndarray, epoch: np.ndarray, collective: bool) -> None:
-        """Warp roles: a write after reads of the element by other warps must be ordered after
-        each of them by the happens-before clocks, after its own warp's by a simdgroup barrier."""
-        assert sh.reads is not None and self.sync is not None
-        hit = sh.reads.racing(flat, warp, tid, epoch, self.sync.vc[gi, warp], collective)
-        if hit is None:
-            return
-        p, r = hit
-        e, rt = int(flat[p]), int(sh.reads.tid[flat[p], r])
-        i = e - int(gi[p]) * sh.size
-        reader = f"several threads of warp {r}" if rt == -2 else self.who(rt)
-        self.fail("race", op, f"data race on shared @{sh.decl.name}[{i}]: write by {self.who(int(tid[p]))} "
-                  f"after a read by {reader} in {self.desc(self.ops[int(sh.reads.op[e, r])])} "
-                  f"{self.unordered}", int(gi[p]), int(tid[p]), index=i)
 
     def register_op(self, op: Op) -> int:
         self.ops.append(op)

@@ -315,6 +315,14 @@ def _h_mbarrier_wait(m: _Machine, op: Op) -> Fn:
             sched.block(_Wait(op, ready, describe))
         # acquire what the arrivals of the completed phase released
         clocks.join(gi, wi, st.released[gi, b])
+        # A warp that arrived itself (every lane) acquires its own lanes' accesses before that
+        # arrive too: for them the wait is a simdgroup barrier (e.g. each lane's copies, then
+        # arrive and wait, then the warp's wgmma reading them). Counted from the wait, so a lane's
+        # access between its arrive and the wait also passes as ordered: the model is coarser
+        # than the hardware there.
+        own = st.released[gi, b, wi] > 0
+        if own.any():
+            m.warp_epoch[gi[own], wi[own]] += 1
     return run
 
 

@@ -26,6 +26,7 @@ from ..core import Op
 from ..numerics import _round_f64
 from ..types import FragmentType
 from .fragments import SparseA
+from .clocks import read_stamps
 from .machine import Fn, InterpreterError, _Machine, _Mask, _warp_uniform, _warps
 
 
@@ -233,8 +234,8 @@ def _restamp(m: _Machine, rec: _Issued, done: np.ndarray) -> None:
     assert m.sync is not None
     reps = rec.flat.shape[1]
     gi, wi = np.repeat(rec.gi[done], reps), np.repeat(rec.wi[done], reps)
-    m.read_stamps(rec.sh).restamp(rec.flat[done].reshape(-1), wi, m.T + wi, m.warp_epoch[gi, wi],
-                                  m.sync.rc[gi, wi], rec.op_id)
+    read_stamps(rec.sh, m.W).restamp(rec.flat[done].reshape(-1), wi, m.T + wi, m.warp_epoch[gi, wi],
+                                     m.sync.rc[gi, wi], rec.op_id)
 
 
 def _h_fence(m: _Machine, op: Op) -> Fn:

@@ -135,8 +135,9 @@ def warpgroup_roles_schedule(fmt: Format, m: int, target: Target | None = None) 
     the 128 N rows of a block into 4 A slots, two consumer warpgroups multiplying 256 M rows and
     copying the activations 2 steps ahead into 4 slots. The best of the roles schedules timed on
     the H100 (bench/results/issue15_h100_2026-11-27: 150 / 516 / 475 us at M = 2048 on the three
-    issue shapes in run 3, 153 / 532 / 478 in run 4), but 3-8% slower than `warpgroup_schedule`'s
-    (the one producer warpgroup's decode bounds it), so `tuned_schedule` does not pick it. A
+    issue shapes in run 3, 153 / 532 / 478 in run 4), but up to 9% slower for fp4 than
+    `warpgroup_schedule`'s (level on one shape in one run) and 9-18% for int4: the one producer
+    warpgroup's decode bounds it. So `tuned_schedule` does not pick it. A
     ScheduleError where the format has no such kernel (2:4, block patterns)."""
     target = target or CUDA
     tile_m = 256 if m > 128 else 128
