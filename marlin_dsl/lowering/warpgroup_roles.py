@@ -31,6 +31,12 @@ and stores N tile c of the output. Per step kv:
 A producer's first wait on a free slot asks for the parity of the phase before the first
 (round - 1 = -1, parity 1), which a fresh barrier reports complete: no branch for the first
 round. full counts the producer threads, x_free and a_free the consumer threads.
+
+With `copies="consumers"` the producers only decode (wait a_free, decode, fence, arrive
+a_full) and the consumers copy, L = stages - 2 steps ahead: per step each consumer thread
+waits x_free for the copies' slot, issues its share, then retires its own copies of step kv
+(async_wait pending L), fences, arrives at x_full and waits for it (the consumers' meeting
+point: every thread's copies of the step have landed), waits a_full, and multiplies as above.
 """
 from __future__ import annotations
 
@@ -186,7 +192,7 @@ class WarpgroupRolesLowering(WarpgroupLowering):
     # ----- consumer -------------------------------------------------------------------------
 
     def consumer_setup(self) -> None:
-        """The consumers' K steps, A rows and output tile (`consumer_values`), and their copy
+        """The consumers' K steps, A rows (`wg_a0`) and output tile (`n_tiles`), and their copy
         plan where they copy (thread t of the consumers is copier t)."""
         per, mm = self.target.warpgroup_warps, self.target.mma_m
         self.setup(self.consumer_warps, 1)
@@ -197,15 +203,14 @@ class WarpgroupRolesLowering(WarpgroupLowering):
             self.setup_copies()
         cw = self.op2("sub", self.warp, self.producer_warps, hint="cw")
         # this warpgroup's 64 rows of each A slot; consumer warp c stores N tile c of the block
-        wg_a0 = self.op2("mul", self.op2("div", cw, per, hint="wg"), per * mm * self.row, hint="wg")
-        self.consumer_values = (self.steps, wg_a0, [self.op2("add", self.block_nt0, cw, hint="nt")])
+        self.wg_a0 = self.op2("mul", self.op2("div", cw, per, hint="wg"), per * mm * self.row, hint="wg")
+        self.n_tiles = [self.op2("add", self.block_nt0, cw, hint="nt")]
 
     def consumer(self) -> None:
         b, target = self.b, self.target
         per, mm = target.warpgroup_warps, target.mma_m
         stages = self.n_stages
         self.consumer_setup()
-        self.steps, self.wg_a0, self.n_tiles = self.consumer_values
         bases = self.acc_bases()
         acc = b.value("frag_zero", [], self.frag_acc, hint="acc")
         if self.consumer_copies:

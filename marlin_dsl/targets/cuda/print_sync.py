@@ -17,7 +17,7 @@ from ...errors import CompileError
 from ...ir.core import Block, Kernel, Op
 from .description import CUDA
 
-__all__ = ["SYNC_EMITTERS", "SYNC_ARCH_OPS", "SyncEmitters", "base_registers", "launch_bounds", "role_registers"]
+__all__ = ["SYNC_EMITTERS", "SyncEmitters", "base_registers", "launch_bounds", "role_registers"]
 
 #: registers of a block (sm_90: the register file of one SM)
 REGISTER_FILE = CUDA.registers_per_block
@@ -42,10 +42,6 @@ def launch_bounds(k: Kernel) -> int | None:
     with warp roles, so that ptxas keeps every role within the block's share of registers
     (without it ptxas gave a 384-thread warpgroup kernel 196 registers, which cannot launch)."""
     return k.threads if any(op.name == "warp_roles" for op in k.body.ops) else None
-
-
-#: ops whose presence (with register counts, for warp_roles) makes a kernel sm_90a-only
-SYNC_ARCH_OPS = frozenset({"warp_roles"})
 
 
 class SyncEmitters:
