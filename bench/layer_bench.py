@@ -48,8 +48,9 @@ def nbytes(layer: nn.Module) -> int:
     return sum(a.nbytes for _, a in tree_flatten(layer.parameters()))
 
 
-def time_calls(layers: list[nn.Module], m: int, k: int, calls: int, repeats: int) -> dict:
-    xs = [mx.random.normal((m, k)).astype(mx.float16) for _ in range(4)]
+def time_calls(layers: list[nn.Module], m: int, k: int, calls: int, repeats: int,
+               dtype: mx.Dtype = mx.float16) -> dict:
+    xs = [mx.random.normal((m, k)).astype(dtype) for _ in range(4)]
     mx.eval(xs)
     for layer in layers:  # warm-up: compile, bind every launch
         mx.eval(layer(xs[0]))
@@ -75,24 +76,27 @@ def main() -> int:
     parser.add_argument("--m", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--formats", nargs="+", default=list(FORMATS))
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
+    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
+                        help="the activations' and the unquantised weights' dtype (fp16 rows: nn.Linear in it)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    dtype = getattr(mx, args.dtype)
     kinds = ["fp16", "mlx_4bit_g64", *args.formats]
     rows = []
     for k, n in SHAPES:
         copies = max(1, min(8, -(-L2_BYTES // (k * n // 2))))  # 4-bit copies beyond L2
         linears = [nn.Linear(k, n, bias=False) for _ in range(copies)]
         for lin in linears:
-            lin.set_dtype(mx.float16)
+            lin.set_dtype(dtype)
         mx.eval([lin.parameters() for lin in linears])
         for kind in kinds:
             layers = layers_for(kind, linears)
             mx.eval([layer.parameters() for layer in layers])
             for m in args.m:
-                r = time_calls(layers, m, k, args.calls, args.repeats)
-                r.update(kind=kind, k=k, n=n, m=m, copies=copies, weight_bytes=nbytes(layers[0]))
+                r = time_calls(layers, m, k, args.calls, args.repeats, dtype)
+                r.update(kind=kind, k=k, n=n, m=m, copies=copies, weight_bytes=nbytes(layers[0]), dtype=args.dtype)
                 rows.append(r)
-                print(f"{k:>6}x{n:<6} M={m:<3} {kind:>13}: build {r['graph_build_us']:6.1f} us  "
+                print(f"{k:>6}x{n:<6} M={m:<4} {args.dtype} {kind:>13}: build {r['graph_build_us']:6.1f} us  "
                       f"batched {r['batched_per_call_us']:7.1f} us/call", flush=True)
             del layers
             mx.clear_cache()

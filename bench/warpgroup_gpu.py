@@ -21,7 +21,8 @@ M = 1, 3, 65, 129, 300, 2048 with N and K tails.
 Speed (M = 256 .. 2048 on 4096 x 4096, 4096 x 14336, 14336 x 4096): median seconds per
 launch of back-to-back launches rotating over weight copies (`benchmarks.timing`), with
 fp16 `mx.matmul`, MLX 4-bit `mx.quantized_matmul` (group 64) and the multistage kernel in
-the same process. A table is printed last; DIR/results.json under --out.
+the same process; the timed format's bf16 kernels against bf16 `mx.matmul` ($WG_TIME_BF16=0
+skips them). A table is printed last; DIR/results.json under --out.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import argparse
 import datetime as _dt
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +61,8 @@ _ENV = __import__("os").environ
 #: timed shapes and rows ($WG_TIME_KN="4096x4096,..." and $WG_TIME_MS="2048,..." narrow them)
 TIME_KN = tuple(tuple(int(v) for v in kn.split("x")) for kn in
                 _ENV.get("WG_TIME_KN", "4096x4096,4096x14336,14336x4096").split(",") if kn)
+#: time the bf16 kernels of the timed format too ($WG_TIME_BF16=0: only f16)
+TIME_BF16 = _ENV.get("WG_TIME_BF16", "1") != "0"
 TIME_MS = tuple(int(v) for v in _ENV.get("WG_TIME_MS", "128,256,512,1024,2048").split(",") if v)
 
 
@@ -140,6 +144,9 @@ def prepare(out_dir: Path) -> int:
                 # FENCE.VIEW.ASYNC.S on the H100), what do they cost? Its results may be wrong.
                 text = text.replace('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");', ";")
                 entry["probe"] = "no async-proxy fences"
+            if sched.name.endswith("_fusedscale"):
+                text = fused_scale_probe(text)
+                entry["probe"] = "FP4 rebias folded into the scale splat (exact only for |scale| < 4)"
             cu.write_text(text)
             res = subprocess.run([nvcc, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
                                   "-o", str(out_dir / f"{name}.cubin"), str(cu), "-Xptxas", "-v"],
@@ -169,6 +176,22 @@ def prepare(out_dir: Path) -> int:
         index.append(name)
     (out_dir / "index.json").write_text(json.dumps(index))
     return 0
+
+
+def fused_scale_probe(text: str) -> str:
+    """A probe, not a kernel: the FP4 f16 decode with its rebias (x 2**14) folded into each
+    scale splat (one HMUL2 per pair instead of two). Exact only while |scale| * 2**14 stays
+    finite in f16 (|scale| < 4): what would the saved multiply buy?"""
+    rebias = re.search(r"__half2 (v_v2_\d+) = __halves2half2\((v_c\d+), \2\);", text)
+    if rebias is None:
+        raise SystemExit("fused-scale probe: no rebias splat in the kernel text")
+    splat = rebias.group(1)
+    text, n_mul = re.subn(rf"__hmul2\((v_raw\d+), {splat}\)", r"\1", text)
+    text, n_scale = re.subn(r"= __halves2half2\((v_(?!c)\w+), \1\);", rf"= __hmul2(__halves2half2(\1, \1), {splat});",
+                            text)
+    if not n_mul or not n_scale:
+        raise SystemExit(f"fused-scale probe: {n_mul} rebias multiplies, {n_scale} scale splats")
+    return text
 
 
 # ----- on the GPU -----------------------------------------------------------------------------
@@ -306,15 +329,22 @@ def run(kdir: Path, out: Path | None) -> int:
             row["fp16_us"] = t.per_launch_s * 1e6
             t = kernel_time(mx, lambda i: mx.quantized_matmul(x, qw, qs, qb, transpose=True, group_size=64, bits=4), 5)
             row["mlx4_us"] = t.per_launch_s * 1e6
+            xb = x.astype(mx.bfloat16)  # bf16 kernels against bf16 mx.matmul
+            wb = w16.astype(mx.bfloat16)
+            mx.eval(xb, wb)
+            t = kernel_time(mx, lambda i: mx.matmul(xb, wb.T), 5)
+            row["bf16_matmul_us"] = t.per_launch_s * 1e6
             for n, e in entries.items():
-                if e["act"] != "f16" or e["format"] != FORMATS[0]:
+                if e["format"] != FORMATS[0] or (e["act"] == "bf16" and not TIME_BF16):
                     continue
+                key = e["schedule"] + "_us" if e["act"] == "f16" else "bf16_" + e["schedule"] + "_us"
+                xa = x if e["act"] == "f16" else xb
                 try:
-                    t = kernel_time(mx, lambda i: launch(n, copies[i % len(copies)], x, m, k, nn, poison=False), 5)
-                    row[e["schedule"] + "_us"] = t.per_launch_s * 1e6
+                    t = kernel_time(mx, lambda i: launch(n, copies[i % len(copies)], xa, m, k, nn, poison=False), 5)
+                    row[key] = t.per_launch_s * 1e6
                 except Exception as ex:  # noqa: BLE001
                     log("ERROR timing", n, repr(ex))
-                    row[e["schedule"] + "_us"] = None
+                    row[key] = None
             results["times"].append(row)
             cols = " ".join(f"{key[:-3]}={v:.1f}" for key, v in row.items() if key.endswith("_us") and v)
             log(f"time M={m} N={nn} K={k}: {cols}")
@@ -322,13 +352,16 @@ def run(kdir: Path, out: Path | None) -> int:
     # ----- table
     log("\nwarpgroup speed (us per launch; x = fp16 time / kernel time):")
     for row in results["times"]:
-        line = (f"  M={row['M']:5d} {row['K']}x{row['N']}: fp16 {row['fp16_us']:.1f}  mlx4 {row['mlx4_us']:.1f}  "
+        line = (f"  M={row['M']:5d} {row['K']}x{row['N']}: fp16 {row['fp16_us']:.1f}  bf16 {row['bf16_matmul_us']:.1f}  "
+                f"mlx4 {row['mlx4_us']:.1f}  "
                 f"multistage {row.get('multistage_large_us') or row.get('multistage_small_us') or 0:.1f}")
-        for family in ("wg", "ws"):  # "ws...": schedules with warp roles (producers)
+        for family in ("wg", "ws", "bf16_wg"):  # "ws...": schedules with warp roles (producers)
             times = [(v, key) for key, v in row.items() if key.startswith(family) and v]
             if times:
                 best = min(times)
-                line += f"  best {family} {best[0]:.1f} ({best[1][:-3]}, {row['fp16_us'] / best[0]:.2f}x fp16)"
+                base, base_name = ((row["bf16_matmul_us"], "bf16") if family.startswith("bf16") else
+                                   (row["fp16_us"], "fp16"))
+                line += f"  best {family} {best[0]:.1f} ({best[1][:-3]}, {base / best[0]:.2f}x {base_name})"
         log(line)
     log(f"correctness: {sum(c['ok'] for c in results['checks'])}/{len(results['checks'])} ok")
     if out is not None:

@@ -105,6 +105,14 @@ class StorageType:
         return {"f16": float(np.finfo(np.float16).max), "f32": float(np.finfo(np.float32).max),
                 "bf16": float(bf16_to_float64(np.uint16(0x7F7F)))}[self.name]
 
+    @property
+    def significant_bits(self) -> int:
+        """The most significant bits any finite stored value has (its binary significand's
+        length: 11 for f16, 8 for bf16, 4 for E4M3, 1 for E8M0's powers of two)."""
+        if self.table is not None:
+            return significant_bits(self.table)
+        return {"f16": 11, "bf16": 8, "f32": 24, "u8": 8}[self.name]
+
     def round_nearest(self, values: np.ndarray) -> np.ndarray:
         """float64 -> stored elements, each the nearest representable value (floats only)."""
         if self.name == "bf16":
@@ -129,6 +137,21 @@ class StorageType:
             else:
                 stored[low] = np.nextafter(stored[low], self.numpy_dtype.type(np.inf))
         return stored
+
+
+def significant_bits(values: np.ndarray) -> int:
+    """The longest binary significand among the finite values (0 for none or only zeros):
+    the bits from a value's leading one to its last one."""
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size == 0:
+        return 0
+    mant, _ = np.frexp(v)  # v = mant * 2**e, mant in [0.5, 1): 53-bit integer significands
+    ints = (mant * 2.0 ** 53).astype(np.uint64)
+    trailing = np.zeros(ints.shape, np.int64)
+    for b in range(53):  # count trailing zero bits (53 vector steps, not per element)
+        trailing += (((ints >> np.uint64(b)) & np.uint64(1)) == 0) & (trailing == b)
+    return int((53 - trailing).max())
 
 
 STORAGE_TYPES: dict[str, StorageType] = {t.name: t for t in (

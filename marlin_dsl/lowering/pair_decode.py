@@ -14,15 +14,22 @@ its slots through cse):
   (f16 1024; the placement's `magic_shifts` choose p so that few shifts serve a word), one
   LOP3 masks and ORs it in, and one subtraction (p = 0) or FMA by 2**-p removes 1024 * 2**-p
   + offset (+ zero point);
-- otherwise (bf16 activations, value tables, f32 parameters): the codes are gathered down to
-  bit 0 of each half and go through the scalar `UnitDecoder` path; the pair is then packed.
+- float codes with bf16 activations, when the weight is code value * scale and the two
+  round once in bf16 pair arithmetic (`bf16_split_exact`): targets under bf16's fields,
+  rescale by 2**(127 - bias) (exact), then fma(t, hi, t * lo) with the f32 scale split into
+  bf16 hi + lo (`scheme.mul_rounded_once`): the f32 product's single rounding, bit for bit,
+  in 3 pair ops instead of 2 f32 multiplies and a conversion per element;
+- otherwise (integer codes with bf16 activations, value tables, f32 parameters): the codes are
+  gathered down to bit 0 of each half and go through the scalar `UnitDecoder` path; the pair
+  is then packed.
 
 All of it reads only the format's fields and the placement.
 """
 from __future__ import annotations
 
 from ..formats import FloatEncoding, Format, IntEncoding
-from ..ir import F16, U32, Builder, ScalarType, Value, VectorType
+from ..formats.storage import significant_bits
+from ..ir import BF16, F16, U32, Builder, ScalarType, Value, VectorType
 from ..layouts.bit_placement import FLOAT_FIELDS, BitPlacement, float_targets, magic_shifts
 from .decode import UnitDecoder
 from .group_params import GroupValues
@@ -32,6 +39,17 @@ _MAGIC = 0x6400  # f16 1024.0: integer codes under its mantissa read 1024 + code
 _AND_OR = 0xEA  # lop3 truth table of (a & b) | c
 
 
+def bf16_split_exact(fmt: Format) -> bool:
+    """bf16 pairs of `fmt`'s codes times their scale round once (`scheme.mul_rounded_once`):
+    the weight is code value * scale alone, a scale has at most 16 significant bits (its low
+    part at most 8 past bf16's), and every code value's significand with the low part's fits 8
+    bits, so code * low is exact in bf16."""
+    bits = fmt.scaling.plain_scale_bits()
+    if bits is None or bits > 16:
+        return False
+    return significant_bits(fmt.element.table()) + max(0, bits - 8) <= 8
+
+
 class PairDecoder:
     def __init__(self, b: Builder, fmt: Format, activation: ScalarType, placement: BitPlacement) -> None:
         self.b, self.fmt, self.act = b, fmt, activation
@@ -39,10 +57,17 @@ class PairDecoder:
         self.bits = fmt.element.bits
         self.placement = placement
         enc = fmt.element
-        self.targets = float_targets(enc) if isinstance(enc, FloatEncoding) else None
-        self.vector = self.scalar.ctype == F16 == activation and (
+        #: the pair type's float fields (its exponent bias sets a float code's rebias)
+        self.fields = "bf16" if activation == BF16 else "f16"
+        self.targets = float_targets(enc, self.fields) if isinstance(enc, FloatEncoding) else None
+        f16_pairs = self.scalar.ctype == F16 == activation and (
             self.targets is not None or (isinstance(enc, IntEncoding) and enc.bits <= 10))
-        self.magic = magic_shifts(placement) if self.vector and isinstance(enc, IntEncoding) else None
+        #: bf16 pairs of float codes, each pair times its f32 scale rounded once in bf16
+        #: arithmetic (`scheme.mul_rounded_once`): exact where every code value and the low
+        #: part of every scale together have at most bf16's 8 significant bits
+        self.split = activation == BF16 and self.targets is not None and bf16_split_exact(fmt)
+        self.vector = f16_pairs or self.split
+        self.magic = magic_shifts(placement) if f16_pairs and isinstance(enc, IntEncoding) else None
         self.pair_type = VectorType(activation, 2)
 
     def splat(self, x: Value) -> Value:
@@ -115,11 +140,17 @@ class PairDecoder:
         return b.value("fma", [magic, self.splat(b.const(2.0 ** -p, F16)), self.splat(neg)], self.pair_type, hint="t2")
 
     @property
+    def sums_scalable(self) -> bool:
+        """Pairs may be decoded `unscaled`, their scale applied to the MMA's sums: f16 pairs
+        (bf16 ones would hand the MMA a float code's raw bits, subnormal bf16 numbers)."""
+        return self.vector and not self.split
+
+    @property
     def rebias(self) -> float:
         """The power of two `_decode_pair` multiplies a float code's raw f16 bits by (1 for
         integer codes): a float code's exponent field placed under f16's has f16's bias."""
         enc = self.fmt.element
-        return 2.0 ** (FLOAT_FIELDS["f16"][0] - enc.bias) if isinstance(enc, FloatEncoding) else 1.0
+        return 2.0 ** (FLOAT_FIELDS[self.fields][0] - enc.bias) if isinstance(enc, FloatEncoding) else 1.0
 
     def _decode_pair(self, word: Value, slot: int, rebias: bool = True) -> Value:
         b, enc = self.b, self.fmt.element
@@ -129,7 +160,7 @@ class PairDecoder:
         raw = b.bitcast(self.gather(word, slot, self.targets), self.pair_type, hint="raw")
         if not rebias or self.rebias == 1.0:
             return raw
-        return b.binary("mul", raw, self.splat(b.const(self.rebias, F16)), hint="t2")
+        return b.binary("mul", raw, self.splat(b.const(self.rebias, self.act)), hint="t2")
 
 
 __all__ = ["PairDecoder"]

@@ -102,7 +102,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         else:
             acc = self.loop_registers_a()
         self.b.op("async_wait", attrs={"pending": 0})  # the copies past K land before the group exits
-        self.store_acc(acc)
+        self.store_acc(acc, whole=self.whole_tile())
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), shared=shared,
             tables=self.stream_tables([*self.swizzled_tables(), *self.a_tables(), *self.acc_tables()]),
@@ -376,6 +376,18 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         col0 = b.value("table", [self.lane], U32, {"name": "acc_col0"}, hint="cc")
         n_lane = self.op2("add", self.op2("mul", self.n_tiles[0], self.target.mma_m, hint="yn"), row0, hint="yn")
         return n_lane, self.op2("add", self.m0, col0, hint="ym")
+
+    def whole_tile(self) -> Value:
+        """The warp's accumulator tile lies inside M and N, where its stores go unpredicated
+        (`store_acc`). The branch also keeps ptxas pipelining the wgmmas: with the stores in
+        the block of the final wgmma_wait (one predicated run) it serialised every wgmma of
+        the loop (C7514, nvcc 13.0) in the warp-role kernels and in bf16 ones with FP4's
+        decode (256- and 192-row tiles), with a branch there it does not."""
+        mm = self.target.mma_m
+        m_in = self.op2("le", self.op2("add", self.m0, self.s.tile_m, hint="w"), self.M, hint="w")
+        n_in = self.op2("le", self.op2("mul", self.op2("add", self.n_tiles[0], 1, hint="w"), mm, hint="w"),
+                        self.N, hint="w")
+        return self.op2("and", m_in, n_in, hint="whole")
 
     def store_acc(self, acc: Value, bases: tuple[Value, Value] | None = None, whole: Value | None = None) -> None:
         """Each lane stores its own accumulator elements: row = N, column = M (from `bases`,

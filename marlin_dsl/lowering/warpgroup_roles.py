@@ -253,14 +253,7 @@ class WarpgroupRolesLowering(WarpgroupLowering):
         if self.consumer_copies:
             b.op("async_wait", attrs={"pending": 0})  # the copies past K land before the warp exits
         done = b.value("wgmma_wait", [results[-1]], self.frag_acc, {"pending": 0}, hint="acc")
-        # Whole tiles store without predicates. The branch also keeps ptxas pipelining the
-        # wgmmas: with the stores in the block of the final wgmma_wait (one predicated run) it
-        # serialised every wgmma of the loop (C7514, nvcc 13.0), with a branch there it does not.
-        mm = self.target.mma_m
-        whole = self.op2("and", self.op2("le", self.op2("add", self.m0, self.s.tile_m, hint="w"), self.M, hint="w"),
-                         self.op2("le", self.op2("mul", self.op2("add", self.n_tiles[0], 1, hint="w"), mm, hint="w"),
-                                  self.N, hint="w"), hint="whole")
-        self.store_acc(done, bases, whole)
+        self.store_acc(done, bases, self.whole_tile())
 
 
 __all__ = ["WarpgroupRolesLowering"]

@@ -139,6 +139,11 @@ class GroupAffine(Scaling):
         bias = next(rest) if self.bias is not None else None
         return apply_affine(b, t, params[0], zero, bias, lanes)
 
+    def plain_scale_bits(self) -> int | None:
+        if self.zero_point is not None or self.bias is not None:
+            return None
+        return self.scale.storage.significant_bits
+
     def scale_factors_out(self) -> bool:
         return self.bias is None  # s * q + b: the bias term would need the group's sum of x
 

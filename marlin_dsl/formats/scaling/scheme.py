@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, NamedTuple, 
 
 import numpy as np
 
-from ...ir.types import F32, U32, ScalarType, VectorType
+from ...ir.types import BF16, F32, U32, ScalarType, VectorType
 from ..storage import StorageType
 from .parts import PER_COLUMN, Grouping
 
@@ -158,6 +158,13 @@ class Scaling(Grouping):
         group when lanes > 1), in the compute type."""
         raise NotImplementedError
 
+    def plain_scale_bits(self) -> int | None:
+        """When a weight is table value * scale and nothing else (no zero point, no bias,
+        one stored scale): the most significant bits a scale has (`StorageType.
+        significant_bits`); else None. The bf16 pair decode rounds t * scale once through it
+        (lowering/pair_decode.py)."""
+        return None
+
     def scale_factors_out(self) -> bool:
         """True when a weight is (t - zero) * scale with one scale per (group, column) and
         nothing added after: then sum_k x_k w_k over a group is scale * sum_k x_k (t_k - zero),
@@ -213,7 +220,23 @@ def apply_affine(b: Builder, t: Value, scale: Value, zero: Value | None = None,
     suffix = "2" if lanes > 1 else ""
     if zero is not None:
         t = b.binary("sub", t, splat(b, zero, lanes), hint="t" + suffix)
-    v = b.binary("mul", t, splat(b, scale, lanes), hint="w" + suffix)
+    if lanes > 1 and scale.type == F32 and t.type == VectorType(BF16, lanes):
+        v = mul_rounded_once(b, t, scale, lanes)
+    else:
+        v = b.binary("mul", t, splat(b, scale, lanes), hint="w" + suffix)
     if bias is not None:
         v = b.binary("add", v, splat(b, bias, lanes), hint="w" + suffix)
     return v
+
+
+def mul_rounded_once(b: Builder, t: Value, scale: Value, lanes: int) -> Value:
+    """A vector of bf16 values times an f32 scale, rounded once to bf16 (as the f32 product
+    rounded to bf16 is), in bf16 pair arithmetic: scale = hi + lo with hi = bf16(scale) and
+    lo = bf16(scale - hi), both exact while the scale has at most 16 significant bits; t * lo
+    is exact when t's and lo's significands together fit bf16's 8 bits (the caller checks:
+    `Scaling.plain_scale_bits`, lowering/pair_decode.py), and fma(t, hi, t * lo) rounds
+    t * hi + t * lo = t * scale once."""
+    hi = b.cast(scale, BF16, hint="sh")
+    lo = b.cast(b.binary("sub", scale, b.cast(hi, F32, hint="sh"), hint="sl"), BF16, hint="sl")
+    low = b.binary("mul", t, splat(b, lo, lanes), hint="wl")
+    return b.value("fma", [t, splat(b, hi, lanes), low], t.type, hint="w2")

@@ -106,7 +106,7 @@ class StreamFamily(ScatterFragments):
         in one group (so one step's MMAs sum one group), and each accumulator element's N row
         is one of the lane's A rows (whose scales the lane loads)."""
         g = self.fmt.scale.group_size
-        return (self.pairs.vector and self.fmt.scaling.scale_factors_out()
+        return (self.pairs.sums_scalable and self.fmt.scaling.scale_factors_out()
                 and (g == "K" or int(g) % self.layout.dense_chunk == 0)
                 and self.c_row_base == self.a_row_base and set(self.c_row_off) <= set(self.a_row_off))
 
