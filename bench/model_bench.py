@@ -61,13 +61,17 @@ def block_linear(path: str, module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and ".layers." in f".{path}"
 
 
+#: the dtype of the model's weights and activations (--dtype)
+DTYPE = mx.float16
+
+
 def build(args, weights: dict | None):
-    """A model skeleton (lazy random init, never evaluated) holding the shared fp16 weights."""
+    """A model skeleton (lazy random init, never evaluated) holding the shared weights (DTYPE)."""
     from mlx_lm.models import llama
 
     model = llama.Model(args)
     if weights is None:
-        model.set_dtype(mx.float16)
+        model.set_dtype(DTYPE)
         mx.eval(model.parameters())
     else:
         model.update(tree_unflatten(list(weights.items())))
@@ -139,8 +143,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
     parser.add_argument("--small", action="store_true", help="a tiny model, to try the script")
+    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
+                        help="the model's dtype (the \"fp16\" variant is the unquantised model in it)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    global DTYPE
+    DTYPE = getattr(mx, args.dtype)
     margs = llama_args(args.layers, args.small)
     t0 = time.perf_counter()
     base = dict(tree_flatten(build(margs, None).parameters()))
@@ -193,7 +201,7 @@ def main() -> int:
             print(f"  {r['variant']:>13}: decode x{r['decode_tokens_per_s'] / ref['decode_tokens_per_s']:.2f}, "
                   + ", ".join(f"prefill {n} x{r[f'prefill_{n}_ms'] / ref[f'prefill_{n}_ms']:.2f}" for n in args.prefill))
     doc = {"device": mx.device_info() if hasattr(mx, "device_info") else str(mx.default_device()),
-           "mlx": mx.__version__, "date": date.today().isoformat(), "python": platform.python_version(),
+           "mlx": mx.__version__, "dtype": args.dtype, "date": date.today().isoformat(), "python": platform.python_version(),
            "commit": args.commit or _git_commit(), "layers": args.layers, "decode_tokens": args.decode_tokens,
            "rows": rows}
     if args.out is not None:
