@@ -137,3 +137,35 @@ def test_warp_roles_and_read_floor(capsys: pytest.CaptureFixture) -> None:
     probe.report(RESULTS / "issue15_h100_2026-11-27" / "read_floor_ncu.txt")
     for line in capsys.readouterr().out.splitlines():
         assert line in text, line
+
+
+def test_bf16_round() -> None:
+    """bench/README, issue 15's sixth round: bf16 and f16 warpgroup kernels before and after
+    (one process, every check correct), the bf16 layer and the bf16 model."""
+    text = " ".join(BENCH_README.split())
+    run = "issue15_h100_2026-11-27b"
+    doc = _load(f"{run}/run3_repeat.json")
+    assert all(c["ok"] for c in doc["checks"])
+    new, old = _m2048(doc, "bf16_wgs256x128s4d2_us"), _m2048(doc, "bf16_wgs256old_us")
+    assert f"fp4 bf16 {_slash(new, 1)} (before: {_slash(old, 1)}, " in text
+    gain = [o / n for o, n in zip(old, new)]
+    assert f"{min(gain):.2f}-{max(gain):.2f}x faster; bf16 `mx.matmul` {_slash(_m2048(doc, 'bf16_matmul_us'), 1)})" in text
+    assert f"fp4 f16 {_slash(_m2048(doc, 'wgs256old_us'), 1)} (unchanged text; fp16 {_slash(_m2048(doc, 'fp16_us'), 1)})" in text
+    sparse = _load(f"{run}/run3_sparse.json")
+    assert all(c["ok"] for c in sparse["checks"])
+    assert (f"fp4 2:4 bf16 (`run3_sparse.*`, 192 x 128 tiles) {_slash(_m2048(sparse, 'bf16_wgs192x128s3_us'), 1)} "
+            f"(before {_slash(_m2048(sparse, 'bf16_wgs192old_us'), 1)}") in text
+    layer = _load(f"{run}/layer_bench_bf16.json")["rows"]
+
+    def per_call(kind: str, m: int) -> list[float]:
+        by = {(r["k"], r["n"]): r for r in layer if r["kind"] == kind and r["m"] == m}
+        return [by[s]["batched_per_call_us"] for s in SHAPES]
+
+    assert f"fp4 per call at M = 2048: {_slash(per_call('fp4', 2048), 1)} us" in text
+    assert f"(MLX 4-bit `QuantizedLinear` {_slash(per_call('mlx_4bit_g64', 2048), 1)}," in text
+    model = {r["variant"]: r for r in _load(f"{run}/model_bench_bf16.json")["rows"]}
+    fp4, q4 = model["fp4"], model["mlx_4bit_g64"]
+    assert f"fp4 {fp4['prefill_512_ms']:.1f} / {fp4['prefill_2048_ms']:.1f} ms" in text
+    assert (f"{q4['prefill_512_ms'] / fp4['prefill_512_ms']:.2f}x / "
+            f"{q4['prefill_2048_ms'] / fp4['prefill_2048_ms']:.2f}x faster") in text
+    assert f"decode {fp4['decode_ms_per_token']:.2f} ms/token" in text

@@ -1,0 +1,145 @@
+"""bf16 pairs of float codes (lowering/pair_decode.py): codes placed under bf16's fields,
+rebiased, and multiplied by their f32 scale split into bf16 hi + lo with fma(t, hi, t * lo)
+(`scheme.mul_rounded_once`). The claim: one rounding, the same bits as the f32 product
+rounded to bf16 (the scalar path). Pinned three ways: the arithmetic over every FP4 value and
+every positive finite f16 scale, which formats take the path, and kernels of each pipeline
+run by the interpreter bit-identical to the scalar path's. Also the warpgroup epilogue that
+keeps ptxas pipelining the bf16 kernels' wgmmas."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import marlin_dsl as md
+from marlin_dsl import CUDA, Format, FloatEncoding, Gemm, GroupScale, Schedule, Warpgroup
+from marlin_dsl.checks.format_check import sample_weights
+from marlin_dsl.compiler import compile_gemm
+from marlin_dsl.errors import ScheduleError
+from marlin_dsl.formats.pack_weights import pack
+from marlin_dsl.kernel_args import gemm_buffers, read_output
+from marlin_dsl.formats.storage import significant_bits
+from marlin_dsl.ir.interpret import run_kernel
+from marlin_dsl.ir.numerics import round_bf16
+from marlin_dsl.layouts.weight_stream import stream_layout
+from marlin_dsl.lowering import pair_decode
+from marlin_dsl.lowering.pair_decode import bf16_split_exact
+from marlin_dsl.targets.cuda.nvcc import find_nvcc
+from marlin_dsl.targets.cuda.printer import print_cuda
+from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule, warpgroup_schedule
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return round_bf16(np.asarray(x, dtype=np.float64)).astype(np.float64)
+
+
+def test_the_split_rounds_once_for_every_fp4_value_and_f16_scale() -> None:
+    # every positive finite f16 (subnormals included) as a scale, every FP4 value
+    scales = np.arange(1, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    t = md.builtin_format("fp4").element.table()[:, None]
+    hi = _bf16(scales)
+    lo = _bf16(scales - hi)
+    assert np.array_equal(lo, scales - hi)  # the low part is exact: 11 bits = 8 + at most 3
+    low = _bf16(t * lo)
+    assert np.array_equal(low, t * lo)  # the code's 2 bits times the low part's 3: exact
+    assert np.array_equal(_bf16(t * hi + low), _bf16(t * scales))  # the fma rounds once, as f32 does
+
+
+def test_a_scale_with_more_bits_would_round_twice() -> None:
+    # why `bf16_split_exact` counts bits: an 11-bit code value times a 3-bit low part needs
+    # 14 bits, and the rounding of t * lo shows
+    t, s = np.float64(1 + 2.0**-10), np.float64(1 + 2.0**-8 + 2.0**-10)
+    lo = _bf16(s - _bf16(s))
+    assert _bf16(t * lo) != t * lo
+
+
+@pytest.mark.parametrize("fmt, exact", [
+    ("fp4", True),  # 2-bit values, 11-bit f16 scales: 2 + 3 <= 8
+    ("nf4", False),  # a value table of f32 numbers
+    ("int4", False),  # integer codes keep the scalar path with bf16
+    ("uint4_zp", False),  # zero points
+])
+def test_which_builtin_formats_take_the_path(fmt: str, exact: bool) -> None:
+    f = md.builtin_format(fmt)
+    decoder = pair_decode.PairDecoder(md.ir.Builder(), f, md.ir.BF16, stream_layout(f, CUDA).bit_order)
+    assert decoder.split is exact and decoder.vector is exact
+    assert not decoder.sums_scalable  # the sums are never rescaled with bf16
+    f16 = pair_decode.PairDecoder(md.ir.Builder(), f, md.ir.F16, stream_layout(f, CUDA).bit_order)
+    assert not f16.split
+
+
+@pytest.mark.parametrize("scale, exact", [("f16", True), ("bf16", True), ("e4m3", True), ("e8m0", True),
+                                          ("f32", False)])
+def test_the_scale_type_decides(scale: str, exact: bool) -> None:
+    fmt = Format(f"fp4_{scale}", FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1), GroupScale(32, dtype=scale))
+    assert bf16_split_exact(fmt) is exact
+
+
+def test_a_code_with_more_significant_bits_keeps_the_scalar_path() -> None:
+    # E4M3 codes (4 bits) times f16 scales (3 low bits): 7 <= 8; E2M5 (6 bits): 9 > 8
+    e4m3 = Format("e4m3_g32", FloatEncoding(bits=8, exp_bits=4, man_bits=3, bias=7, specials="fn"), GroupScale(32))
+    e2m5 = Format("e2m5_g32", FloatEncoding(bits=8, exp_bits=2, man_bits=5, bias=1), GroupScale(32))
+    assert significant_bits(e4m3.element.table()) == 4 and bf16_split_exact(e4m3)
+    assert significant_bits(e2m5.element.table()) == 6 and not bf16_split_exact(e2m5)
+
+
+def _run(kernel, fmt, shape, seed: int) -> np.ndarray:
+    m, n, k = shape
+    rng = np.random.default_rng(seed)
+    packed = pack(fmt, sample_weights(fmt, k, n, rng))
+    buffers, scalars = gemm_buffers(kernel, packed, rng.standard_normal((m, k)))
+    return read_output(run_kernel(kernel, buffers, scalars), m, n)
+
+
+def _schedules(fmt: md.Format) -> list[Schedule]:
+    wg = Schedule("wg_small", tile_m=32, tile_n=64, tile_k=stream_layout(fmt, CUDA).dense_chunk, warps_m=1,
+                  warps_n=4, pipeline=Warpgroup(stages=3, depth=1))
+    return [tuned_schedule(fmt, 1, CUDA, 512, 64), multistage_schedule(fmt, 64), wg]
+
+
+@pytest.mark.parametrize("fmt_name", ["fp4", "fp4_2of4"])
+@pytest.mark.parametrize("pipeline", [0, 1, 2], ids=["weight_stream", "multistage", "warpgroup"])
+def test_kernels_give_the_scalar_paths_bits(monkeypatch: pytest.MonkeyPatch, fmt_name: str, pipeline: int) -> None:
+    fmt = md.builtin_format(fmt_name)
+    sched = _schedules(fmt)[pipeline]
+    shape = (3, 72, 512)
+    split = compile_gemm(Gemm("split", fmt, sched, "bf16"), CUDA).kernel
+    ops = {op.name for op in split.walk()}
+    assert "fma" in ops
+    monkeypatch.setattr(pair_decode, "bf16_split_exact", lambda f: False)
+    scalar = compile_gemm(Gemm("scalar", fmt, sched, "bf16"), CUDA).kernel
+    assert print_cuda(split).body != print_cuda(scalar).body
+    y_split, y_scalar = _run(split, fmt, shape, 7), _run(scalar, fmt, shape, 7)
+    assert not np.isnan(y_split.astype(np.float64)).any()
+    assert np.array_equal(y_split.view(np.uint16), y_scalar.view(np.uint16))
+
+
+def test_the_epilogue_branches_for_bf16_only() -> None:
+    fmt = md.builtin_format("fp4")
+    sched = warpgroup_schedule(fmt, 2048)
+    assert sched.pipeline.epilogue == "auto"
+
+    def unpredicated_stores(act: str, epilogue: str = "auto") -> int:
+        s = Schedule(sched.name, tile_m=sched.tile_m, tile_n=sched.tile_n, tile_k=sched.tile_k, warps_m=1,
+                     warps_n=sched.warps_n, pipeline=Warpgroup(stages=4, depth=2, epilogue=epilogue))
+        body = print_cuda(compile_gemm(Gemm("e", fmt, s, act), CUDA).kernel).body
+        return len(re.findall(r"^\s*y\[v_\w+\] = ", body, re.M))
+
+    assert unpredicated_stores("f16") == 0 and unpredicated_stores("bf16") == 128
+    assert unpredicated_stores("f16", "branch") == 128 and unpredicated_stores("bf16", "predicated") == 0
+    with pytest.raises(ScheduleError, match="epilogue must be"):
+        Schedule("bad", tile_m=256, tile_n=128, tile_k=64, warps_m=1, warps_n=8,
+                 pipeline=Warpgroup(epilogue="sometimes")).check(fmt, CUDA)
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc (CUDA toolkit) to compile the printed text")
+@pytest.mark.parametrize("fmt_name", ["fp4", "int4", "fp4_2of4"])
+def test_ptxas_keeps_the_bf16_wgmmas_pipelined(tmp_path, fmt_name: str) -> None:
+    """The tuned bf16 warpgroup kernels: with the stores in the final wait's block ptxas
+    serialised every wgmma of fp4's (C7514, nvcc 13.0); the branch keeps them pipelined."""
+    from test_warpgroup_roles import _ptxas_report
+
+    fmt = md.builtin_format(fmt_name)
+    kernel = compile_gemm(Gemm("k", fmt, warpgroup_schedule(fmt, 2048), "bf16"), CUDA).kernel
+    assert "serialized" not in _ptxas_report(kernel, tmp_path)
