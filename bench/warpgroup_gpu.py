@@ -52,8 +52,8 @@ ACTS = ("f16", "bf16")
 SCHEDULES = (("wgs256x128s4d2", 256, 8, 4, 2, "shared"), ("wgs128x128s4", 128, 8, 4, 1, "shared"),
              ("wgr128x128s3", 128, 8, 3, 1, "registers"))
 if __import__("os").environ.get("WG_SCHEDULE_SPECS"):
-    # "name:tile_m:warps_n:stages:depth:a_source[:sparse_pass[:producers[:a_stages[:copies]]]],..."
-    SCHEDULES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5], *(int(v) for v in f[6:9]), *f[9:10])
+    # "name:tile_m:warps_n:stages:depth:a_source[:sparse_pass[:producers[:a_stages[:copies[:epilogue]]]]],..."
+    SCHEDULES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5], *(int(v) for v in f[6:9]), *f[9:11])
                       for f in (spec.split(":") for spec in __import__("os").environ["WG_SCHEDULE_SPECS"].split(",")))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
                 (300, 4096, 4096 + 128), (2048, 4096, 4096))
@@ -78,12 +78,13 @@ def kernel_specs():
             first = int(__import__("os").environ.get("WG_SCHEDULES", len(SCHEDULES)))
             scheds = SCHEDULES[:first] if (fmt_name, act) == (FORMATS[0], "f16") else SCHEDULES[:1]
             for name, tm, wn, st, depth, a_source, *extra in scheds:
-                sparse_pass, producers, a_stages, copies = (list(extra) + [2, 0, 3, "producers"][len(extra):])[:4]
+                sparse_pass, producers, a_stages, copies, epilogue = (
+                    list(extra) + [2, 0, 3, "producers", "auto"][len(extra):])[:5]
                 s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=stream_layout(fmt, md.CUDA).dense_chunk,
                                 warps_m=1, warps_n=wn,
                                 pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source,
                                                       sparse_pass=sparse_pass, producers=producers,
-                                                      a_stages=a_stages, copies=copies))
+                                                      a_stages=a_stages, copies=copies, epilogue=epilogue))
                 out.append((f"{fmt_name}_{act}_{name}", fmt, act, s))
         out.append((f"{fmt_name}_f16_multistage", fmt, "f16", md.multistage_schedule(fmt, 2048)))
     return out

@@ -35,7 +35,7 @@ def corpus() -> Iterator[tuple[str, str]]:
         for fname in sorted(BUILTIN_FORMATS):
             fmt = builtin_format(fname)
             for act in ("f16", "bf16"):
-                if act == "bf16" and fname not in ("fp4", "uint4_zp", "fp4_2of4"):
+                if act == "bf16" and fname not in ("fp4", "int4", "uint4_zp", "fp4_2of4"):
                     continue
                 seeds = [Schedule("db", tile_k=max(32, fmt.k_granule), pipeline=DoubleBuffered()),
                          default_schedule(fmt),

@@ -4,7 +4,7 @@ rebiased, and multiplied by their f32 scale split into bf16 hi + lo with fma(t, 
 rounded to bf16 (the scalar path). Pinned three ways: the arithmetic over every FP4 value and
 every positive finite f16 scale, which formats take the path, and kernels of each pipeline
 run by the interpreter bit-identical to the scalar path's. Also the warpgroup epilogue that
-keeps ptxas pipelining the bf16 kernels' wgmmas."""
+keeps ptxas pipelining the wgmmas (of bf16 and uint4_zp kernels among others)."""
 from __future__ import annotations
 
 import re
@@ -34,15 +34,16 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return round_bf16(np.asarray(x, dtype=np.float64)).astype(np.float64)
 
 
-def test_the_split_rounds_once_for_every_fp4_value_and_f16_scale() -> None:
-    # every positive finite f16 (subnormals included) as a scale, every FP4 value
+@pytest.mark.parametrize("fmt_name", ["fp4", "int4"])
+def test_the_split_rounds_once_for_every_code_value_and_f16_scale(fmt_name: str) -> None:
+    # every positive finite f16 (subnormals included) as a scale, every code value
     scales = np.arange(1, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
-    t = md.builtin_format("fp4").element.table()[:, None]
+    t = md.builtin_format(fmt_name).element.table()[:, None]
     hi = _bf16(scales)
     lo = _bf16(scales - hi)
     assert np.array_equal(lo, scales - hi)  # the low part is exact: 11 bits = 8 + at most 3
     low = _bf16(t * lo)
-    assert np.array_equal(low, t * lo)  # the code's 2 bits times the low part's 3: exact
+    assert np.array_equal(low, t * lo)  # the code's 2 (FP4) or 3 (INT4) bits times the low part's 3: exact
     assert np.array_equal(_bf16(t * hi + low), _bf16(t * scales))  # the fma rounds once, as f32 does
 
 
@@ -56,9 +57,9 @@ def test_a_scale_with_more_bits_would_round_twice() -> None:
 
 @pytest.mark.parametrize("fmt, exact", [
     ("fp4", True),  # 2-bit values, 11-bit f16 scales: 2 + 3 <= 8
+    ("int4", True),  # integer codes under bf16's 128.0: 3-bit values
     ("nf4", False),  # a value table of f32 numbers
-    ("int4", False),  # integer codes keep the scalar path with bf16
-    ("uint4_zp", False),  # zero points
+    ("uint4_zp", False),  # zero points: t - z may have up to 9 bits
 ])
 def test_which_builtin_formats_take_the_path(fmt: str, exact: bool) -> None:
     f = md.builtin_format(fmt)
@@ -74,6 +75,19 @@ def test_which_builtin_formats_take_the_path(fmt: str, exact: bool) -> None:
 def test_the_scale_type_decides(scale: str, exact: bool) -> None:
     fmt = Format(f"fp4_{scale}", FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1), GroupScale(32, dtype=scale))
     assert bf16_split_exact(fmt) is exact
+
+
+def test_integer_codes_need_exact_magic_subtrahends() -> None:
+    # 8-bit codes do not fit under bf16's 7-bit mantissa; 7-bit ones do (128 + offset exact),
+    # but their 6-bit values times an f16 scale's 3 low bits do not fit 8 bits
+    from marlin_dsl import IntEncoding
+
+    assert not bf16_split_exact(Format("i8", IntEncoding(bits=8, offset=128), GroupScale(32)))
+    assert significant_bits(IntEncoding(bits=7, offset=64).table()) == 6
+    assert not bf16_split_exact(Format("i7", IntEncoding(bits=7, offset=64), GroupScale(32)))
+    assert bf16_split_exact(Format("i7_bf16", IntEncoding(bits=7, offset=64), GroupScale(32, dtype="bf16")))
+    assert bf16_split_exact(Format("i5", IntEncoding(bits=5, offset=16), GroupScale(32)))
+    assert pair_decode.magic_number("f16") == 0x6400 and pair_decode.magic_number("bf16") == 0x4300
 
 
 def test_a_code_with_more_significant_bits_keeps_the_scalar_path() -> None:
@@ -98,7 +112,7 @@ def _schedules(fmt: md.Format) -> list[Schedule]:
     return [tuned_schedule(fmt, 1, CUDA, 512, 64), multistage_schedule(fmt, 64), wg]
 
 
-@pytest.mark.parametrize("fmt_name", ["fp4", "fp4_2of4"])
+@pytest.mark.parametrize("fmt_name", ["fp4", "fp4_2of4", "int4", "int4_2of4"])
 @pytest.mark.parametrize("pipeline", [0, 1, 2], ids=["weight_stream", "multistage", "warpgroup"])
 def test_kernels_give_the_scalar_paths_bits(monkeypatch: pytest.MonkeyPatch, fmt_name: str, pipeline: int) -> None:
     fmt = md.builtin_format(fmt_name)
@@ -115,31 +129,33 @@ def test_kernels_give_the_scalar_paths_bits(monkeypatch: pytest.MonkeyPatch, fmt
     assert np.array_equal(y_split.view(np.uint16), y_scalar.view(np.uint16))
 
 
-def test_the_epilogue_branches_for_bf16_only() -> None:
+def test_the_epilogue_branches_by_default() -> None:
     fmt = md.builtin_format("fp4")
     sched = warpgroup_schedule(fmt, 2048)
-    assert sched.pipeline.epilogue == "auto"
+    assert sched.pipeline.epilogue == "branch"
 
-    def unpredicated_stores(act: str, epilogue: str = "auto") -> int:
+    def unpredicated_stores(act: str, epilogue: str) -> int:
         s = Schedule(sched.name, tile_m=sched.tile_m, tile_n=sched.tile_n, tile_k=sched.tile_k, warps_m=1,
                      warps_n=sched.warps_n, pipeline=Warpgroup(stages=4, depth=2, epilogue=epilogue))
         body = print_cuda(compile_gemm(Gemm("e", fmt, s, act), CUDA).kernel).body
         return len(re.findall(r"^\s*y\[v_\w+\] = ", body, re.M))
 
-    assert unpredicated_stores("f16") == 0 and unpredicated_stores("bf16") == 128
-    assert unpredicated_stores("f16", "branch") == 128 and unpredicated_stores("bf16", "predicated") == 0
+    for act in ("f16", "bf16"):
+        assert unpredicated_stores(act, "branch") == 128 and unpredicated_stores(act, "predicated") == 0
     with pytest.raises(ScheduleError, match="epilogue must be"):
         Schedule("bad", tile_m=256, tile_n=128, tile_k=64, warps_m=1, warps_n=8,
                  pipeline=Warpgroup(epilogue="sometimes")).check(fmt, CUDA)
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc (CUDA toolkit) to compile the printed text")
-@pytest.mark.parametrize("fmt_name", ["fp4", "int4", "fp4_2of4"])
-def test_ptxas_keeps_the_bf16_wgmmas_pipelined(tmp_path, fmt_name: str) -> None:
-    """The tuned bf16 warpgroup kernels: with the stores in the final wait's block ptxas
-    serialised every wgmma of fp4's (C7514, nvcc 13.0); the branch keeps them pipelined."""
+@pytest.mark.parametrize("fmt_name", ["fp4", "int4", "uint4_zp", "nf4", "fp4_2of4"])
+@pytest.mark.parametrize("act", ["f16", "bf16"])
+def test_ptxas_keeps_the_tuned_wgmmas_pipelined(tmp_path, fmt_name: str, act: str) -> None:
+    """The tuned warpgroup kernels: with the stores in the final wait's block ptxas
+    serialised every wgmma of fp4 bf16's and uint4_zp f16's (C7514, nvcc 13.0); the branch
+    keeps every one pipelined."""
     from test_warpgroup_roles import _ptxas_report
 
     fmt = md.builtin_format(fmt_name)
-    kernel = compile_gemm(Gemm("k", fmt, warpgroup_schedule(fmt, 2048), "bf16"), CUDA).kernel
+    kernel = compile_gemm(Gemm("k", fmt, warpgroup_schedule(fmt, 2048), act), CUDA).kernel
     assert "serialized" not in _ptxas_report(kernel, tmp_path)

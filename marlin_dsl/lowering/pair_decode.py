@@ -13,13 +13,14 @@ its slots through cse):
 - integer codes, likewise: each slot's code lands at bits p.. under the magic number 0x6400
   (f16 1024; the placement's `magic_shifts` choose p so that few shifts serve a word), one
   LOP3 masks and ORs it in, and one subtraction (p = 0) or FMA by 2**-p removes 1024 * 2**-p
-  + offset (+ zero point);
+  + offset (+ zero point); with bf16 activations the same under 0x4300 (bf16 128, a 7-bit
+  mantissa) where the scale is plain (no zero point), then the split scale as below;
 - float codes with bf16 activations, when the weight is code value * scale and the two
   round once in bf16 pair arithmetic (`bf16_split_exact`): targets under bf16's fields,
   rescale by 2**(127 - bias) (exact), then fma(t, hi, t * lo) with the f32 scale split into
   bf16 hi + lo (`scheme.mul_rounded_once`): the f32 product's single rounding, bit for bit,
   in 3 pair ops instead of 2 f32 multiplies and a conversion per element;
-- otherwise (integer codes with bf16 activations, value tables, f32 parameters): the codes are
+- otherwise (bf16 with zero points, value tables, f32 parameters): the codes are
   gathered down to bit 0 of each half and go through the scalar `UnitDecoder` path; the pair
   is then packed.
 
@@ -27,15 +28,17 @@ All of it reads only the format's fields and the placement.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..formats import FloatEncoding, Format, IntEncoding
 from ..formats.storage import significant_bits
+from ..ir.numerics import round_bf16
 from ..ir import BF16, F16, U32, Builder, ScalarType, Value, VectorType
 from ..layouts.bit_placement import FLOAT_FIELDS, BitPlacement, float_targets, magic_shifts
 from .decode import UnitDecoder
 from .group_params import GroupValues
 
 _BOTH_HALVES = 0x00010001  # a mask for the low half, repeated in the high half
-_MAGIC = 0x6400  # f16 1024.0: integer codes under its mantissa read 1024 + code * 2**p
 _AND_OR = 0xEA  # lop3 truth table of (a & b) | c
 
 
@@ -43,11 +46,27 @@ def bf16_split_exact(fmt: Format) -> bool:
     """bf16 pairs of `fmt`'s codes times their scale round once (`scheme.mul_rounded_once`):
     the weight is code value * scale alone, a scale has at most 16 significant bits (its low
     part at most 8 past bf16's), and every code value's significand with the low part's fits 8
-    bits, so code * low is exact in bf16."""
+    bits, so code * low is exact in bf16. Integer codes also fit under bf16's 7-bit mantissa
+    with every magic-number subtrahend exact (`_int_pair`)."""
     bits = fmt.scaling.plain_scale_bits()
     if bits is None or bits > 16:
         return False
-    return significant_bits(fmt.element.table()) + max(0, bits - 8) <= 8
+    enc = fmt.element
+    if isinstance(enc, IntEncoding):
+        man = FLOAT_FIELDS["bf16"][1]
+        if enc.bits > man:
+            return False
+        bases = np.array([2.0 ** man * 2.0 ** -p + enc.offset for p in range(man - enc.bits + 1)])
+        if not np.array_equal(round_bf16(bases).astype(np.float64), bases):
+            return False
+    return significant_bits(enc.table()) + max(0, bits - 8) <= 8
+
+
+def magic_number(fields: str) -> int:
+    """The bits of 2**mantissa in a 16-bit float type (f16 1024.0 = 0x6400, bf16 128.0 =
+    0x4300): integer codes OR-ed under its mantissa read 2**mantissa + code * 2**p."""
+    bias, man, _ = FLOAT_FIELDS[fields]
+    return (bias + man) << man
 
 
 class PairDecoder:
@@ -62,12 +81,16 @@ class PairDecoder:
         self.targets = float_targets(enc, self.fields) if isinstance(enc, FloatEncoding) else None
         f16_pairs = self.scalar.ctype == F16 == activation and (
             self.targets is not None or (isinstance(enc, IntEncoding) and enc.bits <= 10))
-        #: bf16 pairs of float codes, each pair times its f32 scale rounded once in bf16
-        #: arithmetic (`scheme.mul_rounded_once`): exact where every code value and the low
-        #: part of every scale together have at most bf16's 8 significant bits
-        self.split = activation == BF16 and self.targets is not None and bf16_split_exact(fmt)
+        #: bf16 pairs of float or integer codes, each pair times its f32 scale rounded once in
+        #: bf16 arithmetic (`scheme.mul_rounded_once`): exact where every code value and the
+        #: low part of every scale together have at most bf16's 8 significant bits
+        self.split = (activation == BF16 and (self.targets is not None or isinstance(enc, IntEncoding))
+                      and bf16_split_exact(fmt))
         self.vector = f16_pairs or self.split
-        self.magic = magic_shifts(placement) if f16_pairs and isinstance(enc, IntEncoding) else None
+        #: the pair type's mantissa bits (integer codes go under it)
+        self.mantissa = FLOAT_FIELDS[self.fields][1]
+        self.magic = (magic_shifts(placement, self.mantissa) if self.vector and isinstance(enc, IntEncoding)
+                      else None)
         self.pair_type = VectorType(activation, 2)
 
     def splat(self, x: Value) -> Value:
@@ -120,24 +143,28 @@ class PairDecoder:
         return self.b.binary("shl" if d > 0 else "shr", word, abs(d), hint="pw")
 
     def _int_pair(self, word: Value, slot: int, zero: Value | None = None) -> Value:
-        """Integer codes of both halves as f16 (t - zero): the code, shifted to bits p.., masked
-        and OR-ed under 1024.0's exponent in one lop3 (ptxas keeps one LOP3: PTX lop3 with
-        the magic number in a register), reads 1024 + code * 2**p; subtract 1024 + offset
-        (+ zero) where p = 0, else FMA by 2**-p and add -(1024 * 2**-p + offset (+ zero))."""
-        b, enc = self.b, self.fmt.element
+        """Integer codes of both halves as the pair type (t - zero): the code, shifted to bits
+        p.., masked and OR-ed under the magic number 2**mantissa (f16 1024.0, bf16 128.0) in
+        one lop3 (ptxas keeps one LOP3: PTX lop3 with the magic number in a register), reads
+        2**mantissa + code * 2**p; subtract 2**mantissa + offset (+ zero) where p = 0, else
+        FMA by 2**-p and add -(2**mantissa * 2**-p + offset (+ zero)). Every step is exact: the
+        subtrahend is a multiple of 2**-p below 2**(mantissa + 1) (f16; bf16's are checked,
+        `bf16_split_exact`) and the results are the small integers t."""
+        b, enc, act = self.b, self.fmt.element, self.act
         assert self.magic is not None
         d, p = self.magic[slot]
         mask = b.const((((1 << enc.bits) - 1) << p) * _BOTH_HALVES, U32)
-        placed = b.value("lop3", [self._shift(word, d), mask, b.const(_MAGIC * _BOTH_HALVES, U32)], U32,
+        shifted = self._shift(word, d)
+        placed = b.value("lop3", [shifted, mask, b.const(magic_number(self.fields) * _BOTH_HALVES, U32)], U32,
                          {"lut": _AND_OR}, hint="mag")
         magic = b.bitcast(placed, self.pair_type, hint="mag")
-        base = b.const(1024.0 * 2.0 ** -p + enc.offset, F16)  # exact: a multiple of 2**-p below 2048
+        base = b.const(2.0 ** self.mantissa * 2.0 ** -p + enc.offset, act)
         if zero is not None:
             base = b.binary("add", base, zero, hint="zb")
         if p == 0:
             return b.binary("sub", magic, self.splat(base), hint="t2")
-        neg = b.binary("sub", b.const(0.0, F16), base, hint="zb")
-        return b.value("fma", [magic, self.splat(b.const(2.0 ** -p, F16)), self.splat(neg)], self.pair_type, hint="t2")
+        neg = b.binary("sub", b.const(0.0, act), base, hint="zb")
+        return b.value("fma", [magic, self.splat(b.const(2.0 ** -p, act)), self.splat(neg)], self.pair_type, hint="t2")
 
     @property
     def sums_scalable(self) -> bool:

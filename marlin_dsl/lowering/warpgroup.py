@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CompileError
-from ..ir import BF16, F32, U32, ConstTable, FragmentType, Kernel, SharedArray, Value, VectorType
+from ..ir import F32, U32, ConstTable, FragmentType, Kernel, SharedArray, Value, VectorType
 from .parts.async_stages import AsyncStages
 from .parts.context import GemmContext
 from .parts.registers import RegisterFetch
@@ -102,8 +102,7 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         else:
             acc = self.loop_registers_a()
         self.b.op("async_wait", attrs={"pending": 0})  # the copies past K land before the group exits
-        branch = self.pipeline.epilogue == "branch" or (self.pipeline.epilogue == "auto" and self.act == BF16)
-        self.store_acc(acc, whole=self.whole_tile() if branch else None)
+        self.store_acc(acc, whole=self.whole_tile() if self.pipeline.epilogue == "branch" else None)
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), shared=shared,
             tables=self.stream_tables([*self.swizzled_tables(), *self.a_tables(), *self.acc_tables()]),
@@ -382,8 +381,8 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         """The warp's accumulator tile lies inside M and N, where its stores go unpredicated
         (`store_acc`; `Warpgroup.epilogue`). The branch also keeps ptxas pipelining the
         wgmmas: with the stores in the block of the final wgmma_wait (one predicated run) it
-        serialised every wgmma of the loop (C7514, nvcc 13.0) in the warp-role kernels and in
-        bf16 ones with FP4's decode (256- and 192-row tiles), with a branch there it does not."""
+        serialised every wgmma of the loop (C7514, nvcc 13.0) in the warp-role kernels, fp4 bf16
+        and uint4_zp f16 ones; with a branch there it does not."""
         mm = self.target.mma_m
         m_in = self.op2("le", self.op2("add", self.m0, self.s.tile_m, hint="w"), self.M, hint="w")
         n_in = self.op2("le", self.op2("mul", self.op2("add", self.n_tiles[0], 1, hint="w"), mm, hint="w"),

@@ -65,13 +65,14 @@ class Warpgroup:
     #: for the tensor cores; they run the copies stages - 2 steps ahead and meet each other at
     #: an mbarrier when a step's have landed, so the producers only decode)
     copies: Literal["producers", "consumers"] = "producers"
-    #: the accumulator stores: "predicated" (each store checks M and N), "branch" (a tile
-    #: inside M and N stores unpredicated behind a branch, others predicated) or "auto":
-    #: "branch" with bf16 activations, else "predicated". ptxas (nvcc 13.0) serialised every
-    #: wgmma of fp4 bf16 kernels whose stores sat in the final wait's block (C7514); for f16
-    #: the branch measured 2-11% slower at M = 512 on the H100 (bench/README.md, issue 15's
-    #: sixth round). Warp-role kernels always branch (C7514 there too).
-    epilogue: Literal["auto", "predicated", "branch"] = "auto"
+    #: the accumulator stores: "branch" (a tile inside M and N stores unpredicated behind a
+    #: branch, others predicated) or "predicated" (each store checks M and N). ptxas (nvcc
+    #: 13.0) serialised every wgmma of kernels whose stores sat in the final wait's block
+    #: (C7514: fp4 with bf16, uint4_zp with f16, the warp-role kernels); with the branch none
+    #: is. On the H100 the branch made uint4_zp f16 6-21% faster and fp4 f16 between 11%
+    #: slower (M = 512) and 10% faster (M = 2048), around the 7% two identical kernels differ
+    #: by (bench/README.md, issue 15's sixth round). Warp-role kernels always branch.
+    epilogue: Literal["branch", "predicated"] = "branch"
     kind: Literal["warpgroup"] = "warpgroup"
 
     def validate(self, schedule: ScheduleShape) -> None:
@@ -88,9 +89,9 @@ class Warpgroup:
         if self.a_source not in ("shared", "registers"):
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup a_source must be 'shared' or "
                                 f"'registers', got {self.a_source!r}", where)
-        if self.epilogue not in ("auto", "predicated", "branch"):
-            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup epilogue must be 'auto', 'predicated' "
-                                f"or 'branch', got {self.epilogue!r}", where)
+        if self.epilogue not in ("branch", "predicated"):
+            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup epilogue must be 'branch' or "
+                                f"'predicated', got {self.epilogue!r}", where)
         if self.a_source == "shared" and self.stages < 3:
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup with a_source='shared' keeps one "
                                 f"step's wgmmas in flight while the next is copied: stages must be "
