@@ -79,7 +79,7 @@ def kernel_specs():
             scheds = SCHEDULES[:first] if (fmt_name, act) == (FORMATS[0], "f16") else SCHEDULES[:1]
             for name, tm, wn, st, depth, a_source, *extra in scheds:
                 sparse_pass, producers, a_stages, copies, epilogue = (
-                    list(extra) + [2, 0, 3, "producers", "auto"][len(extra):])[:5]
+                    list(extra) + [2, 0, 3, "producers", "branch"][len(extra):])[:5]
                 s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=stream_layout(fmt, md.CUDA).dense_chunk,
                                 warps_m=1, warps_n=wn,
                                 pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source,

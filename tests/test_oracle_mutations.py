@@ -26,7 +26,7 @@ from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.formats import FloatEncoding
 from marlin_dsl.ir import F32
 from marlin_dsl.ir.interpret import run_kernel
-from marlin_dsl.lowering import group_params
+from marlin_dsl.lowering import group_params, pair_decode
 from marlin_dsl.lowering.decode import UnitDecoder
 from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule
 from marlin_dsl.targets import CUDA, METAL
@@ -38,10 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @contextlib.contextmanager
 def f32_decode(factor: float | None) -> Iterator[None]:
-    """While lowering: decode in f32, and (factor given) multiply every decoded float code by
-    `factor` (in f32, where 1 + 2**-11 is exact)."""
+    """While lowering: decode in f32 (no f16 or bf16 pair arithmetic), and (factor given)
+    multiply every decoded float code by `factor` (in f32, where 1 + 2**-11 is exact)."""
     mp = pytest.MonkeyPatch()
     mp.setattr(group_params, "compute_type", lambda fmt, activation: F32)
+    mp.setattr(pair_decode, "bf16_split_exact", lambda fmt: False)
     if factor is not None:
         plain = UnitDecoder.decode
 

@@ -141,20 +141,29 @@ def test_warp_roles_and_read_floor(capsys: pytest.CaptureFixture) -> None:
 
 def test_bf16_round() -> None:
     """bench/README, issue 15's sixth round: bf16 and f16 warpgroup kernels before and after
-    (one process, every check correct), the bf16 layer and the bf16 model."""
+    (one process per run, every check correct), the bf16 layer and the bf16 model."""
     text = " ".join(BENCH_README.split())
     run = "issue15_h100_2026-11-27b"
     doc = _load(f"{run}/run3_repeat.json")
     assert all(c["ok"] for c in doc["checks"])
     new, old = _m2048(doc, "bf16_wgs256x128s4d2_us"), _m2048(doc, "bf16_wgs256old_us")
-    assert f"fp4 bf16 {_slash(new, 1)} (before: {_slash(old, 1)}, " in text
+    assert f"fp4 bf16 (`run3_repeat.*`): {_slash(new, 1)} (before: {_slash(old, 1)}, " in text
     gain = [o / n for o, n in zip(old, new)]
     assert f"{min(gain):.2f}-{max(gain):.2f}x faster; bf16 `mx.matmul` {_slash(_m2048(doc, 'bf16_matmul_us'), 1)})" in text
-    assert f"fp4 f16 {_slash(_m2048(doc, 'wgs256old_us'), 1)} (unchanged text; fp16 {_slash(_m2048(doc, 'fp16_us'), 1)})" in text
+    assert f"fp4 f16 predicated in run 3: {_slash(_m2048(doc, 'wgs256old_us'), 1)} (fp16 {_slash(_m2048(doc, 'fp16_us'), 1)})" in text
+    int4 = _load(f"{run}/run5_int4.json")
+    new, old = _m2048(int4, "bf16_wgs256x128s4d2_us"), _m2048(int4, "bf16_wgs256old_us")
+    gain = [o / n for o, n in zip(old, new)]
+    assert f"int4 bf16 (`run5_int4.*`): {_slash(new, 1)} (before {_slash(old, 1)}, {min(gain):.2f}-{max(gain):.2f}x" in text
+    zp = _load(f"{run}/run5_uint4_zp.json")
+    assert (f"with the branch {_slash(_m2048(zp, 'wgs256branch_us'), 1)} against "
+            f"{_slash(_m2048(zp, 'wgs256x128s4d2_us'), 1)} and {_slash(_m2048(zp, 'wgs256old_us'), 1)} serialised") in text
     sparse = _load(f"{run}/run3_sparse.json")
     assert all(c["ok"] for c in sparse["checks"])
     assert (f"fp4 2:4 bf16 (`run3_sparse.*`, 192 x 128 tiles) {_slash(_m2048(sparse, 'bf16_wgs192x128s3_us'), 1)} "
             f"(before {_slash(_m2048(sparse, 'bf16_wgs192old_us'), 1)}") in text
+    final = _load(f"{run}/run6_final_text_correctness.json")["checks"]
+    assert all(c["ok"] for c in final) and f"{len(final)}/{len(final)} warpgroup checks" in text
     layer = _load(f"{run}/layer_bench_bf16.json")["rows"]
 
     def per_call(kind: str, m: int) -> list[float]:
