@@ -178,3 +178,8 @@ def test_bf16_round() -> None:
     assert (f"{q4['prefill_512_ms'] / fp4['prefill_512_ms']:.2f}x / "
             f"{q4['prefill_2048_ms'] / fp4['prefill_2048_ms']:.2f}x faster") in text
     assert f"decode {fp4['decode_ms_per_token']:.2f} ms/token" in text
+    f16 = {r["variant"]: r for r in _load(f"{run}/model_bench_f16.json")["rows"]}
+    assert (f"prefill 512 / 2048 tokens fp4 {f16['fp4']['prefill_512_ms']:.1f} / {f16['fp4']['prefill_2048_ms']:.1f} ms, "
+            f"fp4 2:4 {f16['fp4_2of4']['prefill_512_ms']:.1f} / {f16['fp4_2of4']['prefill_2048_ms']:.1f}") in text
+    ratio = [f16["mlx_4bit_g64"][k] / f16["fp4"][k] for k in ("prefill_512_ms", "prefill_2048_ms")]
+    assert f"fp4 {ratio[0]:.2f}x / {ratio[1]:.2f}x faster than mlx-lm 4-bit" in text
