@@ -221,12 +221,18 @@ def _prefilled_kernel(producer_waits: bool) -> Kernel:
                    [SharedArray("buf", F32, SLOT), SharedArray("empty", U32, 2)])
 
 
-def test_overwriting_without_waiting_on_empty_is_a_race() -> None:
+def _ordered_and_racy(ordered: Kernel, racy: Kernel, message: str) -> None:
+    """`ordered` writes lane i's value i to y; `racy`, the same kernel with one ordering
+    missing, is a race whose report says `message`."""
     bufs = {"y": np.zeros(SLOT, np.float32)}
-    out = run_kernel(_prefilled_kernel(True), bufs, {})["y"]
+    out = run_kernel(ordered, bufs, {})["y"]
     np.testing.assert_array_equal(out, np.arange(SLOT, dtype=np.float32))
-    err = _raises(_prefilled_kernel(False), bufs, "race")
-    assert "write by thread 32 (warp 1, lane 0) after a read by thread 0 (warp 0, lane 0) in `%ld" in str(err)
+    assert message in str(_raises(racy, bufs, "race"))
+
+
+def test_overwriting_without_waiting_on_empty_is_a_race() -> None:
+    _ordered_and_racy(_prefilled_kernel(True), _prefilled_kernel(False),
+                      "write by thread 32 (warp 1, lane 0) after a read by thread 0 (warp 0, lane 0) in `%ld")
 
 
 def _chain_kernel(b_arrives_first: bool) -> Kernel:
@@ -263,11 +269,8 @@ def _chain_kernel(b_arrives_first: bool) -> Kernel:
 
 
 def test_ordering_is_transitive_through_other_warps() -> None:
-    bufs = {"y": np.zeros(SLOT, np.float32)}
-    out = run_kernel(_chain_kernel(False), bufs, {})["y"]
-    np.testing.assert_array_equal(out, np.arange(SLOT, dtype=np.float32))
-    err = _raises(_chain_kernel(True), bufs, "race")
-    assert "read by thread 0 (warp 0, lane 0) after a write by thread 64 (warp 2, lane 0)" in str(err)
+    _ordered_and_racy(_chain_kernel(False), _chain_kernel(True),
+                      "read by thread 0 (warp 0, lane 0) after a write by thread 64 (warp 2, lane 0)")
 
 
 def test_a_wait_acquires_every_earlier_arrive_of_the_barrier() -> None:

@@ -148,10 +148,8 @@ def significant_bits(values: np.ndarray) -> int:
         return 0
     mant, _ = np.frexp(v)  # v = mant * 2**e, mant in [0.5, 1): 53-bit integer significands
     ints = (mant * 2.0 ** 53).astype(np.uint64)
-    trailing = np.zeros(ints.shape, np.int64)
-    for b in range(53):  # count trailing zero bits (53 vector steps, not per element)
-        trailing += (((ints >> np.uint64(b)) & np.uint64(1)) == 0) & (trailing == b)
-    return int((53 - trailing).max())
+    lowest = ints & (~ints + np.uint64(1))  # the lowest set bit, a power of two (exact as f64)
+    return int((53 - np.log2(lowest.astype(np.float64))).max())
 
 
 STORAGE_TYPES: dict[str, StorageType] = {t.name: t for t in (

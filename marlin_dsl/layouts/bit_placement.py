@@ -137,8 +137,9 @@ def decode_cost(placement: BitPlacement, targets: tuple[int, ...]) -> int:
 
 def magic_shifts(placement: BitPlacement, mantissa_bits: int = 10) -> tuple[tuple[int, int], ...]:
     """Per slot (shift d, bit p) for the integer decode: the slot's contiguous code, shifted
-    by d, lands at bits p .. p + bits - 1 of its half, inside f16's mantissa (p + bits <= 10)
-    under the magic number, where it reads (1024 + code * 2**p). Chooses few distinct non-zero
+    by d, lands at bits p .. p + bits - 1 of its half, inside the mantissa (p + bits <=
+    mantissa_bits: f16's 10, bf16's 7) under the magic number 2**mantissa_bits, where it reads
+    (2**mantissa_bits + code * 2**p). Chooses few distinct non-zero
     shifts, then few distinct p (each p is one constant of the subtraction): greedily, a slot
     that needs a shift takes the one serving the most slots still unserved, then the one
     landing them on bits already used, then the shortest."""
@@ -150,7 +151,7 @@ def magic_shifts(placement: BitPlacement, mantissa_bits: int = 10) -> tuple[tupl
         starts.append(slot[0])
     top = mantissa_bits - bits
     if top < 0:
-        raise ValueError(f"{bits}-bit codes do not fit under f16's {mantissa_bits}-bit mantissa")
+        raise ValueError(f"{bits}-bit codes do not fit under a {mantissa_bits}-bit mantissa")
     chosen = {k: 0 for k, start in enumerate(starts) if start <= top}
     while len(chosen) < len(starts):
         k = next(k for k in range(len(starts)) if k not in chosen)

@@ -174,8 +174,9 @@ class PairDecoder:
 
     @property
     def rebias(self) -> float:
-        """The power of two `_decode_pair` multiplies a float code's raw f16 bits by (1 for
-        integer codes): a float code's exponent field placed under f16's has f16's bias."""
+        """The power of two `_decode_pair` multiplies a float code's raw bits by (1 for
+        integer codes): a float code's exponent field placed under the pair type's (f16's or
+        bf16's) has that type's bias."""
         enc = self.fmt.element
         return 2.0 ** (FLOAT_FIELDS[self.fields][0] - enc.bias) if isinstance(enc, FloatEncoding) else 1.0
 
