@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import marlin_dsl as md
-from marlin_dsl import CUDA, Format, FloatEncoding, Gemm, GroupScale, Schedule, Warpgroup
+from marlin_dsl import CUDA, Format, FloatEncoding, Gemm, GroupScale, IntEncoding, Schedule, Warpgroup
 from marlin_dsl.checks.format_check import sample_weights
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import ScheduleError
@@ -28,6 +28,7 @@ from marlin_dsl.lowering.pair_decode import bf16_split_exact
 from marlin_dsl.targets.cuda.nvcc import find_nvcc
 from marlin_dsl.targets.cuda.printer import print_cuda
 from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule, warpgroup_schedule
+from test_warpgroup_roles import _ptxas_report
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -80,8 +81,6 @@ def test_the_scale_type_decides(scale: str, exact: bool) -> None:
 def test_integer_codes_need_exact_magic_subtrahends() -> None:
     # 8-bit codes do not fit under bf16's 7-bit mantissa; 7-bit ones do (128 + offset exact),
     # but their 6-bit values times an f16 scale's 3 low bits do not fit 8 bits
-    from marlin_dsl import IntEncoding
-
     assert not bf16_split_exact(Format("i8", IntEncoding(bits=8, offset=128), GroupScale(32)))
     assert significant_bits(IntEncoding(bits=7, offset=64).table()) == 6
     assert not bf16_split_exact(Format("i7", IntEncoding(bits=7, offset=64), GroupScale(32)))
@@ -154,8 +153,6 @@ def test_ptxas_keeps_the_tuned_wgmmas_pipelined(tmp_path, fmt_name: str, act: st
     """The tuned warpgroup kernels: with the stores in the final wait's block ptxas
     serialised every wgmma of fp4 bf16's and uint4_zp f16's (C7514, nvcc 13.0); the branch
     keeps every one pipelined."""
-    from test_warpgroup_roles import _ptxas_report
-
     fmt = md.builtin_format(fmt_name)
     kernel = compile_gemm(Gemm("k", fmt, warpgroup_schedule(fmt, 2048), act), CUDA).kernel
     assert "serialized" not in _ptxas_report(kernel, tmp_path)
