@@ -139,7 +139,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--decode-tokens", type=int, default=128)
-    parser.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--prefill", type=int, nargs="*", default=[512, 2048])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
     parser.add_argument("--small", action="store_true", help="a tiny model, to try the script")

@@ -92,6 +92,44 @@ def test_fused_groups_compute_what_their_parts_do(name: str) -> None:
     np.testing.assert_allclose(logits(fused), logits(separate), rtol=1e-5, atol=1e-5)
 
 
+def test_fused_parts_share_one_launch_per_input_and_let_it_go() -> None:
+    """The parts of a fused group take one product per x (the same array object), recompute
+    for another x (also in any order or repeated), and the group keeps neither x nor the
+    outputs once every part has taken its own."""
+    import gc
+    import weakref
+
+    model = tiny_llama()
+    convert(model, "fp4")
+    attn = model.model.layers[0].self_attn
+    group = attn["q_proj__k_proj__v_proj"]
+    launches = []
+    group["layer"](mx.zeros((1, CONFIG["hidden_size"])))  # armed: `_call` is the per-call closure
+    real = group["layer"]._call
+    object.__setattr__(group["layer"], "_call", lambda x: launches.append(1) or real(x))
+    parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+    x1, x2 = (mx.random.normal((2, 3, CONFIG["hidden_size"])) for _ in range(2))
+    want = {id(x): [np.array(p_) for p_ in mx.split(real(x), group._splits, axis=-1)] for x in (x1, x2)}
+
+    def check(x: mx.array, i: int) -> None:
+        np.testing.assert_array_equal(np.array(parts[i](x)), want[id(x)][i])
+
+    for i in range(3):
+        check(x1, i)
+    assert len(launches) == 1 and group._memo == [None, None, 0]  # all taken: nothing kept
+    # Interleaved and repeated: a launch for each change of x, none for the repeated part.
+    check(x1, 2), check(x2, 0), check(x1, 1), check(x1, 1), check(x2, 2)
+    assert len(launches) == 5
+    # A prefill's input and outputs are not held by the model after the forward.
+    x3 = mx.random.normal((1, 5, CONFIG["hidden_size"]))
+    ref = weakref.ref(x3)
+    for p_ in parts:
+        mx.eval(p_(x3))
+    del x3
+    gc.collect()
+    assert ref() is None
+
+
 def test_per_layer_rules_and_functions() -> None:
     model = tiny_llama()
     conversion = convert(model, {"mlp": "fp4_2of4", "lm_head": None, "*": "nf4"})

@@ -33,8 +33,8 @@ def fused_name(parts: tuple[str, ...]) -> str:
 
 
 class FusedLinear(nn.Module):
-    """Several linear layers of one input as one MarlinLinear (`layer`); `part(x, i)` is part
-    i's output. The part sizes are the output features of each part, in order."""
+    """Several linear layers of one input as one MarlinLinear (`layer`); its `LinearSlice`s
+    return the parts' outputs. The part sizes are the output features of each part, in order."""
 
     def __init__(self, layer: MarlinLinear, sizes: tuple[int, ...]) -> None:
         super().__init__()
@@ -47,21 +47,24 @@ class FusedLinear(nn.Module):
         # Where the output splits: one mx.split (one graph node with every part as an output)
         # costs less host time per call than a slice per part.
         object.__setattr__(self, "_splits", starts[1:])
-        object.__setattr__(self, "_memo", None)  # [x, the parts' outputs, parts taken]
+        # [x, the parts' outputs, how many parts have still to take theirs]. A part's call
+        # runs 5 times per transformer block and a decode step is bound by host time
+        # (bench/decode_host_probe.py), so it does the least it can: an identity test and a
+        # countdown, in the part's own frame.
+        object.__setattr__(self, "_memo", [None, None, 0])
 
     @property
     def sizes(self) -> tuple[int, ...]:
         return tuple(b - a for a, b in self._bounds)
 
-    def part(self, x: mx.array, index: int) -> mx.array:
+    def compute(self, x: mx.array) -> list[mx.array]:
+        """Every part's output for x (one launch, one split), remembered for the parts until
+        each has taken its own (`LinearSlice.__call__`)."""
+        # The layer's per-call closure directly: MarlinLinear.__call__ is only its wrapper.
+        outs = mx.split(self["layer"]._call(x), self._splits, axis=-1)
         memo = self._memo
-        if memo is None or memo[0] is not x or index in memo[2]:
-            memo = [x, mx.split(self.layer(x), self._splits, axis=-1), set()]
-            object.__setattr__(self, "_memo", memo)
-        memo[2].add(index)
-        if len(memo[2]) == len(self._bounds):  # every part has its output: let x and y go
-            object.__setattr__(self, "_memo", None)
-        return memo[1][index]
+        memo[0], memo[1], memo[2] = x, outs, len(self._bounds)
+        return outs
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.layer(x)
@@ -75,6 +78,7 @@ class LinearSlice(nn.Module):
         super().__init__()
         object.__setattr__(self, "_fused", fused)
         object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_memo", fused._memo)  # one lookup less per call
 
     @property
     def format(self):
@@ -90,7 +94,15 @@ class LinearSlice(nn.Module):
         return self._fused.sizes[self._index]
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self._fused.part(x, self._index)
+        # x is the memo's input (the same array object: the same product), or compute. Once
+        # as many parts as there are have taken theirs, the memo lets x and the outputs go (a
+        # prefill's are large). A part taken twice for one x gets the same output again.
+        memo = self._memo
+        outs = memo[1] if memo[0] is x else self._fused.compute(x)
+        memo[2] -= 1
+        if memo[2] <= 0:
+            memo[0] = memo[1] = None
+        return outs[self._index]
 
     def _extra_repr(self) -> str:
         a, b = self._fused._bounds[self._index]
