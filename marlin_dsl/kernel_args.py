@@ -13,6 +13,7 @@ from .formats.tensors import check_float_matrix
 from .ir import Kernel
 from .ir.numerics import round_to_activation
 from .layouts.weight_stream import LAYOUT_NAME, stream_arrays
+from .schedule import output_names
 from .targets.base import TARGETS
 
 #: Poison written into outputs before a kernel runs: any element the kernel fails to write
@@ -65,7 +66,12 @@ def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict
             flat = storage[name].to_float64(flat).astype(np.float32)
         buffers[name] = flat
     out_dtype = np.float16 if activation == "f16" else np.float32
-    buffers["y"] = np.full(m * n, POISON, dtype=out_dtype)
+    widths = tuple(int(w) for w in kernel.attrs.get("outputs", ()))  # type: ignore[union-attr]
+    if widths and sum(widths) != n:
+        raise ShapeError(f"packed: N={n}, but kernel {kernel.name!r} writes outputs of {list(widths)} "
+                         f"columns (N={sum(widths)})")
+    for name, width in zip(output_names(widths), widths or (n,)):
+        buffers[name] = np.full(m * width, POISON, dtype=out_dtype)
     if kernel.attrs.get("pipeline") == "striped":
         tile_m, tile_n, _ = kernel.attrs["tile"]  # type: ignore[misc]
         tiles = -(-m // tile_m) * -(-n // tile_n)
@@ -76,4 +82,15 @@ def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict
 
 
 def read_output(buffers: dict[str, np.ndarray], m: int, n: int) -> np.ndarray:
-    return buffers["y"][: m * n].reshape(m, n)
+    """Y [M, N]: y, or the parts y0, y1, ... (`Gemm.outputs`) side by side."""
+    if "y" in buffers:
+        return buffers["y"][: m * n].reshape(m, n)
+    parts = [buffers[f"y{i}"].reshape(m, -1) for i in range(sum(1 for name in buffers if _is_part(name)))]
+    y = np.concatenate(parts, axis=1)
+    if y.shape[1] != n:
+        raise ShapeError(f"outputs: {[p.shape[1] for p in parts]} columns side by side, not N={n}")
+    return y
+
+
+def _is_part(name: str) -> bool:
+    return name[:1] == "y" and name[1:].isdigit()

@@ -256,30 +256,45 @@ class MarlinLinear(nn.Module):
 
     def _disarm(self) -> None:
         object.__setattr__(self, "_call", self._arm_and_call)
+        object.__setattr__(self, "_parts_call", self._arm_and_call_parts)
 
     def _arm_and_call(self, x: mx.array) -> mx.array:
         self.prepare()
         object.__setattr__(self, "_call", self._closure())
         return self._call(x)
 
-    def _closure(self):
-        dispatch = self._dispatch
+    def _arm_and_call_parts(self, x: mx.array) -> list[mx.array]:
+        self.prepare()
+        object.__setattr__(self, "_parts_call", self._parts_closure())
+        return self._parts_call(x)
+
+    def _launcher(self, dispatch) -> Callable[[mx.array], object]:
+        """x -> `dispatch`'s launch for x's shape with this layer's weights (what a call runs:
+        one lookup, one kernel call)."""
         launches, launch_for = dispatch.launches, dispatch.launch
         weights = tuple(self[name] for name in dispatch.names)
-        bias = self.get("bias")
         k, check_finite = self.input_dims, self.check_finite
-        cast_bias: dict[mx.Dtype, mx.array] = {}
 
-        def call(x: mx.array) -> mx.array:
+        def run(x: mx.array):
             if check_finite:
                 _check_activation(x, k, True)
             try:
                 launch = launches[(x.shape, x.dtype)]
             except (KeyError, AttributeError, TypeError):  # first call with this shape, or bad x
                 launch = launch_for(x)
-            y = launch(x, weights)
-            if bias is None:
-                return y
+            return launch(x, weights)
+
+        return run
+
+    def _closure(self):
+        run = self._launcher(self._dispatch)
+        bias = self.get("bias")
+        if bias is None:
+            return run
+        cast_bias: dict[mx.Dtype, mx.array] = {}
+
+        def call(x: mx.array) -> mx.array:
+            y = run(x)
             if bias.dtype == y.dtype:
                 return y + bias
             b = cast_bias.get(y.dtype)
@@ -288,6 +303,31 @@ class MarlinLinear(nn.Module):
             return y + b
 
         return call
+
+    def split_outputs(self, widths: tuple[int, ...]) -> None:
+        """Make `call_parts(x)` return y's columns as parts of these widths (a fused group's
+        layers, `models.fuse`): where the kernel for x's rows writes them as separate outputs
+        (`Gemm.outputs`: CUDA's weight stream, the decode) nothing follows the launch; else,
+        and with a bias, y is split (one `mx.split`)."""
+        widths = tuple(int(w) for w in widths)
+        if len(widths) < 2 or min(widths) < 1 or sum(widths) != self.output_dims:
+            raise ShapeError(f"widths: expected two or more positive part widths adding up to the "
+                             f"layer's {self.output_dims} output features, got {list(widths)}")
+        object.__setattr__(self, "_part_widths", widths)
+        self._disarm()
+
+    def call_parts(self, x: mx.array) -> list[mx.array]:
+        """y's columns as the parts `split_outputs` set (ShapeError before it was called)."""
+        return self._parts_call(x)
+
+    def _parts_closure(self):
+        widths = getattr(self, "_part_widths", None)
+        if widths is None:
+            raise ShapeError(f"MarlinLinear({self.format.name}): call_parts before split_outputs")
+        if "bias" in self:  # the bias is added to y as a whole: split after
+            splits = [sum(widths[:i]) for i in range(1, len(widths))]
+            return lambda x: mx.split(self._call(x), splits, axis=-1)
+        return self._launcher(dispatch_for(self.format, self.input_dims, self.output_dims, self._backend, widths))
 
     @property
     def check_finite(self) -> bool:

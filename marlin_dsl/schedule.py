@@ -85,12 +85,18 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Gemm:
-    """Y[M, N] = X[M, K] @ W[K, N] with W in `format`, X and Y in `activation` (f16 or bf16)."""
+    """Y[M, N] = X[M, K] @ W[K, N] with W in `format`, X and Y in `activation` (f16 or bf16).
+
+    `outputs`: Y's columns written as separate arrays y0, y1, ... of these widths (N is their
+    sum), for sibling layers fused into one GEMM (q/k/v): each part comes out of the kernel as
+    its own array, with no split after it. Empty: one output, y. Only pipelines whose epilogue
+    writes parts (`splits_outputs`, the weight stream) take it."""
 
     name: str
     format: Format
     schedule: Schedule
     activation: Literal["f16", "bf16"] = "f16"
+    outputs: tuple[int, ...] = ()
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -103,7 +109,29 @@ class Gemm:
         if self.activation not in ("f16", "bf16"):
             raise ScheduleError(f"gemm {self.name!r}: activation must be 'f16' or 'bf16', "
                                      f"got {self.activation!r}", self.location)
+        check_outputs(self.name, self.outputs, self.schedule, self.location)
         record_declaration(self)
+
+
+def output_names(outputs: tuple[int, ...] | list[int]) -> list[str]:
+    """The output buffers of a Gemm with these part widths (`Gemm.outputs`): y, or y0, y1, ..."""
+    return [f"y{i}" for i in range(len(outputs))] if outputs else ["y"]
+
+
+def check_outputs(name: str, outputs: object, schedule: Schedule, location: SourceLocation | None) -> None:
+    """`outputs` of gemm `name` are () or two or more positive widths, and the schedule's
+    pipeline writes parts; else ScheduleError at `location`."""
+    if outputs == ():
+        return
+    if (not isinstance(outputs, tuple) or len(outputs) < 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in outputs)):
+        raise ScheduleError(f"gemm {name!r}: outputs must be a tuple of two or more positive column "
+                            f"counts (the parts' widths), got {outputs!r}", location)
+    if not getattr(schedule.pipeline, "splits_outputs", False):
+        raise ScheduleError(f"gemm {name!r}: outputs {outputs}: the {schedule.pipeline.kind} pipeline "
+                            f"(schedule {schedule.name!r}) writes one output; only "
+                            f"{', '.join(k for k, c in PIPELINES.items() if getattr(c, 'splits_outputs', False))} "
+                            "writes parts", location)
 
 
 def default_schedule(fmt: Format) -> Schedule:

@@ -110,6 +110,14 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
         k = ms_k(fmt, 4)
         add(f"ms_guarded_{fname}_{tm}x{tn}", fmt, ms_schedule(fmt, tile_m=tm, tile_n=tn, warps_m=wm, warps_n=wn),
             "f16", [(1, 40, k), (65, 72, k)])
+    for fname, act, widths in (("fp4", "f16", (40, 9, 15)), ("int4", "bf16", (17, 16)),
+                               ("fp4_2of4", "f16", (16, 33))):  # Y's columns as parts (Gemm.outputs)
+        fmt = md.builtin_format(fname)
+        for m in (1, 16):
+            n = sum(widths)
+            cases[f"ws_parts_{fname}_{act}_m{m}"] = (
+                Gemm(f"ws_parts_{fname}_{act}_m{m}", fmt, md.tuned_schedule(fmt, m), act, outputs=widths),
+                [(1, n, 512), (3, n, 512), (m + 4, n, 512)])
     for fname in ("fp4", "fp4_2of4"):  # the multistage schedules the library picks
         fmt = md.builtin_format(fname)
         for m in (256, 2048):

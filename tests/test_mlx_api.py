@@ -268,6 +268,49 @@ def test_cuda_backend_launches_the_compiled_kernel(fake_cuda, name: str) -> None
     assert len(schedules) == 3, schedules
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_parts_come_out_of_one_kernel_at_decode(fake_cuda, bias: bool) -> None:
+    """A fused q/k/v group on backend "cuda": at the decode's row counts (the weight stream)
+    one launch whose kernel writes the three parts as its own outputs (no split after it);
+    from 70 rows (multistage) one y, split; with a bias always y + bias, split. Every part
+    against the float64 reference of its own columns."""
+    from marlin_dsl.models.fuse import FusedLinear, LinearSlice
+
+    rng = np.random.default_rng(11)
+    widths = (64, 24, 24)
+    w = rng.standard_normal((256, sum(widths)))
+    packed = md.pack(md.builtin_format("fp4"), w)
+    b = mx.array(rng.standard_normal(sum(widths)).astype(np.float32)) if bias else None
+    group = FusedLinear(MarlinLinear.from_packed(packed, b, backend="cuda"), widths)
+    parts = [LinearSlice(group, i) for i in range(3)]
+    starts = np.cumsum((0,) + widths)
+    for m in (1, 12, 70):
+        fake_cuda.clear()
+        x = rng.standard_normal((m, 256)).astype(np.float16)
+        got = [np.array(p(mx.array(x))).astype(np.float64) for p in parts]  # x: 3 array objects...
+        assert len(fake_cuda) == 3  # ... so 3 launches; one x for all parts below
+        xa = mx.array(x)
+        fake_cuda.clear()
+        got = [np.array(p(xa)).astype(np.float64) for p in parts]
+        assert len(fake_cuda) == 1
+        names = [launch["name"] for launch in fake_cuda]
+        assert ("_parts64x24x24" in names[0]) == (m <= 16 and not bias), names
+        full = md.reference_matmul(x.astype(np.float64), packed) + (np.array(b) if bias else 0)
+        for i, part in enumerate(got):
+            want = full[:, starts[i]:starts[i + 1]]
+            assert part.shape == want.shape
+            assert np.linalg.norm(part - want) / np.linalg.norm(want) < 2e-3, (m, i)
+
+
+def test_part_widths_are_checked() -> None:
+    layer = MarlinLinear.from_linear(nn.Linear(256, 40), "fp4", backend="mlx")
+    for bad in ((40,), (30, 9), (41, -1), (20, 0, 20)):
+        with pytest.raises(ShapeError, match="widths: expected two or more positive part widths"):
+            layer.split_outputs(bad)
+    with pytest.raises(ShapeError, match="call_parts before split_outputs"):
+        layer.call_parts(mx.zeros((1, 256)))
+
+
 def test_second_call_does_no_host_work(fake_cuda, monkeypatch: pytest.MonkeyPatch) -> None:
     """A spy: after the first call of a layer (which binds the launch), calls pass the layer's
     own device arrays to the kernel and run no validation, layout conversion or packing."""

@@ -154,3 +154,46 @@ def test_threadgroup_memory_over_32kb_on_metal():
     assert_located(info.value, line, "40960 bytes", "32768")
     kernel = compile_gemm(m.Gemm("g", fmt, sched), m.CUDA, stop_after="lower").kernel
     assert kernel.shared_bytes == 40960
+
+
+# ----- Y's columns as several outputs (Gemm.outputs) ---------------------------------------------
+
+
+def test_outputs_errors_name_the_gemm_and_line():
+    fmt = m.builtin_format("fp4")
+    stream = m.tuned_schedule(fmt, 1)
+    for bad in ((64,), (32, 0), (32, True), [32, 32], (32, 2.0)):
+        line = declared_here() + 2
+        with pytest.raises(ScheduleError, match=r"gemm 'g': outputs must be a tuple of two or more") as err:
+            m.Gemm("g", fmt, stream, outputs=bad)
+        assert err.value.location.line == line
+    with pytest.raises(ScheduleError, match=r"outputs \(32, 32\): the multistage pipeline .* writes one "
+                                            r"output; only weight_stream writes parts"):
+        m.Gemm("g", fmt, m.multistage_schedule(fmt, 256), outputs=(32, 32))
+
+
+@pytest.mark.parametrize("fname, act, widths", [("fp4", "f16", (40, 9, 15)), ("int4", "bf16", (17, 16)),
+                                                ("uint4_zp", "f16", (8, 8, 8, 8)), ("fp4_2of4", "bf16", (33, 16))])
+def test_outputs_hold_their_columns_of_y(fname, act, widths):
+    """The interpreter runs a weight-stream kernel whose Y comes out as parts (NaN-poisoned,
+    every part's own buffer) against the float64 reference of the whole Y, at M = 1, 3, 65."""
+    from marlin_dsl.checks.kernel_check import check_kernel, check_shapes
+
+    fmt = m.builtin_format(fname)
+    for rows in (1, 16):
+        gemm = m.Gemm(f"parts_{fname}", fmt, m.tuned_schedule(fmt, rows), act, outputs=widths)
+        kernel = compile_gemm(gemm, m.CUDA).kernel
+        assert [b.name for b in kernel.buffers if b.access == "write"] == [f"y{i}" for i in range(len(widths))]
+        rng = np.random.default_rng(rows)
+        for shape in check_shapes(gemm):
+            result = check_kernel(gemm, kernel, shape, rng)
+            assert result.untouched_poison == 0 and result.ok, (shape, result.summary())
+
+
+def test_outputs_must_add_up_to_n():
+    fmt = m.builtin_format("fp4")
+    gemm = m.Gemm("parts", fmt, m.tuned_schedule(fmt, 1), outputs=(32, 32))
+    kernel = compile_gemm(gemm, m.CUDA).kernel
+    packed = pack(fmt, sample_weights(fmt, 256, 48, np.random.default_rng(0)))
+    with pytest.raises(m.ShapeError, match=r"N=48, but kernel 'parts' writes outputs of \[32, 32\] columns \(N=64\)"):
+        gemm_buffers(kernel, packed, np.ones((1, 256)))

@@ -56,6 +56,9 @@ def check_shapes(gemm: Gemm) -> list[tuple[int, int, int]]:
     g = fmt.scale.group_size
     k_unit = lcm(fmt.k_granule, s.tile_k) if g == PER_COLUMN else lcm(fmt.k_granule, s.tile_k, int(g))
     k = 2 * k_unit
+    if gemm.outputs:  # N is the parts' widths together
+        n = sum(gemm.outputs)
+        return [(1, n, k), (3, n, k), (65, n, k)]
     n = s.tile_n + 17
     wide = -(-128 // s.tile_n) * s.tile_n + 17
     return [(1, n, k), (3, n, k), (65, wide, k)]

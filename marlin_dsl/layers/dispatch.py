@@ -26,6 +26,7 @@ import mlx.core as mx
 from ..errors import MarlinDSLError, ShapeError
 from ..formats import Format
 from .mlx_ops import dequantize_mx
+from ..schedule import output_names
 from ..targets.runtimes import RUNTIMES, runtime_for
 
 LINEAR = "linear"
@@ -61,8 +62,11 @@ class Dispatch:
 
     layout: str = LINEAR
 
-    def __init__(self, fmt: Format, k: int, n: int) -> None:
+    def __init__(self, fmt: Format, k: int, n: int, parts: tuple[int, ...] = ()) -> None:
         self.fmt, self.k, self.n = fmt, k, n
+        #: y's columns as parts of these widths: launches return the list of parts
+        self.parts = parts
+        self.splits = [sum(parts[:i]) for i in range(1, len(parts))]
         self.names = tuple(spec.name for spec in fmt.buffers(k, n))
         self.launches: dict[tuple, Launch] = {}
 
@@ -89,30 +93,36 @@ class MlxOpsDispatch(Dispatch):
     def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         fmt, kn, names = self.fmt, (self.k, self.n), self.names
 
+        splits = self.splits
+
         def run(x: mx.array, weights: Sequence[mx.array]) -> mx.array:
             w = dequantize_mx(fmt, kn, dict(zip(names, weights)))
             return mx.matmul(x, w.astype(x.dtype))
 
-        return run
+        return (lambda x, weights: mx.split(run(x, weights), splits, axis=-1)) if splits else run
 
 
 class _KernelLaunch:
-    """One kernel bound to one activation shape: everything but x and the weights is fixed."""
+    """One kernel bound to one activation shape: everything but x and the weights is fixed.
+    Returns y, or with several outputs (y's parts: `Gemm.outputs`) the list of them."""
 
-    __slots__ = ("kernel", "dims", "grid", "threadgroup", "shapes", "dtypes", "cast")
+    __slots__ = ("kernel", "dims", "grid", "threadgroup", "shapes", "dtypes", "cast", "one")
 
-    def __init__(self, kernel, dims: mx.array, grid, threadgroup, out_shape, out_dtype,
+    def __init__(self, kernel, dims: mx.array, grid, threadgroup, out_shapes: list, out_dtype,
                  cast: mx.Dtype | None) -> None:
         self.kernel, self.dims, self.grid, self.threadgroup = kernel, dims, grid, threadgroup
-        self.shapes, self.dtypes, self.cast = [out_shape], [out_dtype], cast
+        self.shapes, self.dtypes, self.cast = out_shapes, [out_dtype] * len(out_shapes), cast
+        self.one = len(out_shapes) == 1
 
-    def __call__(self, x: mx.array, weights: Sequence[mx.array]) -> mx.array:
+    def __call__(self, x: mx.array, weights: Sequence[mx.array]) -> mx.array | list[mx.array]:
         if self.cast is not None:  # f32 activations: the kernel runs in f16
             x = x.astype(mx.float16)
-        y = self.kernel(inputs=[x, *weights, self.dims], output_shapes=self.shapes,
-                        output_dtypes=self.dtypes, grid=self.grid, threadgroup=self.threadgroup,
-                        init_value=_INIT_VALUE)[0]
-        return y if self.cast is None else y.astype(self.cast)
+        outs = self.kernel(inputs=[x, *weights, self.dims], output_shapes=self.shapes,
+                           output_dtypes=self.dtypes, grid=self.grid, threadgroup=self.threadgroup,
+                           init_value=_INIT_VALUE)
+        if self.cast is not None:
+            outs = [y.astype(self.cast) for y in outs]
+        return outs[0] if self.one else outs
 
 
 class _KernelDispatch(Dispatch):
@@ -120,42 +130,50 @@ class _KernelDispatch(Dispatch):
 
     def _check_io(self, name: str, inputs: Sequence[str], outputs: Sequence[str]) -> None:
         expected = ["x", *self.names, "dims"]
-        if list(inputs) != expected or list(outputs) != ["y"]:
+        allowed = [["y"], output_names(self.parts)] if self.parts else [["y"]]
+        if list(inputs) != expected or list(outputs) not in allowed:
             raise MarlinDSLError(f"kernel {name}: takes {list(inputs)} -> {list(outputs)}; layers "
-                                 f"launch kernels of {expected} -> ['y']")
+                                 f"launch kernels of {expected} -> {' or '.join(map(str, allowed))}")
 
 
 class TargetDispatch(_KernelDispatch):
     """Our kernels on one target, through its runtime (`targets.runtimes`): the weight layout
     its kernels read, and the kernel for each row count (the target picks the schedule)."""
 
-    def __init__(self, fmt: Format, k: int, n: int, backend: str) -> None:
-        super().__init__(fmt, k, n)
+    def __init__(self, fmt: Format, k: int, n: int, backend: str, parts: tuple[int, ...] = ()) -> None:
+        super().__init__(fmt, k, n, parts)
         self.runtime = runtime_for(backend)
         self.layout = self.runtime.layer_layout(fmt, k, n) or LINEAR
 
     def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         m = math.prod(shape[:-1])
         activation = _KERNEL_ACTIVATION[dtype]
-        kernel = self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n)
+        kernel = self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n, self.parts)
         self._check_io(kernel.name, kernel.input_names, kernel.output_names)
         layout = kernel.weight_layout or LINEAR
         if layout != self.layout:
             raise MarlinDSLError(f"kernel {kernel.name}: reads layout {layout!r}, the layer holds {self.layout!r}")
         out_dtype = mx.float16 if activation == "f16" else mx.bfloat16
-        return _KernelLaunch(kernel.kernel, mx.array(kernel.dims, dtype=mx.uint32), kernel.grid, kernel.threadgroup,
-                             (*shape[:-1], self.n), out_dtype, mx.float32 if dtype == mx.float32 else None)
+        split = len(kernel.output_names) > 1  # the kernel writes the parts
+        launch = _KernelLaunch(kernel.kernel, mx.array(kernel.dims, dtype=mx.uint32), kernel.grid, kernel.threadgroup,
+                               [(*shape[:-1], w) for w in (self.parts if split else (self.n,))], out_dtype,
+                               mx.float32 if dtype == mx.float32 else None)
+        if self.parts and not split:  # parts asked for, one y written (larger M): split it
+            splits = self.splits
+            return lambda x, weights: mx.split(launch(x, weights), splits, axis=-1)
+        return launch
 
 
 #: Concrete backends by name: MLX ops, and every target with a runtime (its kernels).
-_DISPATCH: dict[str, Callable[[Format, int, int], Dispatch]] = {
+_DISPATCH: dict[str, Callable[..., Dispatch]] = {
     "mlx": MlxOpsDispatch, **{name: partial(TargetDispatch, backend=name) for name in RUNTIMES}}
 
 
 @lru_cache(maxsize=None)
-def dispatch_for(fmt: Format, k: int, n: int, backend: str) -> Dispatch:
-    """The shared Dispatch of (format, [K, N], concrete backend)."""
-    return _DISPATCH[backend](fmt, k, n)
+def dispatch_for(fmt: Format, k: int, n: int, backend: str, parts: tuple[int, ...] = ()) -> Dispatch:
+    """The shared Dispatch of (format, [K, N], concrete backend); with `parts` (widths adding
+    up to N) its launches return y's columns as those parts."""
+    return _DISPATCH[backend](fmt, k, n, parts=parts)
 
 
 def layout_for(fmt: Format, k: int, n: int, backend: str) -> str:

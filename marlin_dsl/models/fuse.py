@@ -8,10 +8,11 @@ is what makes a converted model decode faster (bench/README.md, model benchmark)
 A fused group becomes one `FusedLinear` (a MarlinLinear of the parts' output features side by
 side, N = sum of theirs, stored once at `<parent>.<part>__<part>...`) and each part becomes a
 `LinearSlice` without parameters. The model's own code still calls `self.q_proj(x)`, ...: the
-first part called with an x computes the whole product, splits it into the parts' columns
-(one `mx.split`) and keeps them until every part has taken its own, then lets them go; a
-part called with another x computes again, so a model that does not feed the parts the same
-input stays correct, only slower.
+first part called with an x computes the whole product as the parts' columns (on CUDA at
+decode the kernel writes each part as its own output, `Gemm.outputs`; else one `mx.split`
+of y) and keeps them until every part has taken its own, then lets them go; a part called
+with another x computes again, so a model that does not feed the parts the same input stays
+correct, only slower.
 
 Quantisation is per output column, so fusing changes no packed value: every column of the
 fused weight is what the part's own conversion would have made.
@@ -42,10 +43,9 @@ class FusedLinear(nn.Module):
             raise MarlinDSLError(f"FusedLinear: parts of {list(sizes)} output features do not add up "
                                  f"to the layer's {layer.output_dims}")
         self.layer = layer
+        layer.split_outputs(tuple(sizes))  # the parts straight out of the kernel where it can
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         object.__setattr__(self, "_bounds", tuple((a, a + s) for a, s in zip(starts, sizes)))
-        # Where the output splits: one mx.split (one graph node with every part as an output)
-        # costs less host time per call than a slice per part.
         object.__setattr__(self, "_splits", starts[1:])
         # [x, the parts' outputs, how many parts have still to take theirs]. A part's call
         # runs 5 times per transformer block and a decode step is bound by host time
@@ -58,10 +58,12 @@ class FusedLinear(nn.Module):
         return tuple(b - a for a, b in self._bounds)
 
     def compute(self, x: mx.array) -> list[mx.array]:
-        """Every part's output for x (one launch, one split), remembered for the parts until
-        each has taken its own (`LinearSlice.__call__`)."""
-        # The layer's per-call closure directly: MarlinLinear.__call__ is only its wrapper.
-        outs = mx.split(self["layer"]._call(x), self._splits, axis=-1)
+        """Every part's output for x, remembered for the parts until each has taken its own
+        (`LinearSlice.__call__`): one launch whose kernel writes the parts where it can (the
+        decode: a split costs about as much host time as the launch), else one launch and
+        one `mx.split` (MarlinLinear.split_outputs)."""
+        # The layer's per-call closure directly: MarlinLinear.call_parts is only its wrapper.
+        outs = self["layer"]._parts_call(x)
         memo = self._memo
         memo[0], memo[1], memo[2] = x, outs, len(self._bounds)
         return outs

@@ -37,6 +37,8 @@ class Pipeline(Protocol):
     """How a threadgroup's K loop is arranged; see the module docstring."""
 
     kind: str
+    # A pipeline whose epilogue writes Y's columns as several outputs (`Gemm.outputs`) says
+    # so with a class attribute `splits_outputs = True`; without it, one output.
 
     def validate(self, schedule: ScheduleShape) -> None:
         """Raise ScheduleError (at the schedule's line) if the pipeline's fields, or the

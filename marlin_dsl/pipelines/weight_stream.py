@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ..errors import ScheduleError
 from ..formats import Format
@@ -87,6 +87,8 @@ class WeightStream:
     #: (bench/decode_sweep.py) decides
     unroll: int = 1
     kind: Literal["weight_stream"] = "weight_stream"
+    #: Its epilogue writes Y's columns as several outputs (`Gemm.outputs`; KWarpReduce).
+    splits_outputs: ClassVar[bool] = True
 
     def validate(self, schedule: ScheduleShape) -> None:
         require_positive(schedule, "weight_stream", self, ("k_warps", "depth", "unroll"))

@@ -325,4 +325,9 @@ class TargetRuntime(Protocol):
 
     def layer_layout(self, fmt: Any, k: int, n: int) -> str | None: ...
 
-    def layer_kernel(self, fmt: Any, activation: str, m: int, k: int, n: int) -> LayerKernel: ...
+    def layer_kernel(self, fmt: Any, activation: str, m: int, k: int, n: int,
+                     outputs: tuple[int, ...] = ()) -> LayerKernel:
+        """The layer's kernel for m rows; with `outputs` (part widths adding up to n) it may
+        write Y's columns as those parts (output names y0, y1, ...: `Gemm.outputs`) or, where
+        its kernel for m rows cannot, one y (the layer then splits)."""
+        ...

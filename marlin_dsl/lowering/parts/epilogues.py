@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ...ir import F32, U32, Value, VectorType
 from .context import GemmParts, Tile
 
@@ -105,13 +107,46 @@ class KWarpReduce(GemmParts):
             if factor != 1.0:
                 total = self.op2("mul", total, b.const(factor, F32), hint="sum")  # type: ignore[arg-type]
             gm, gn = self.op2("add", self.m0, col, hint="ym"), self.op2("add", n0, r, hint="yn")
-            pred = self.op2("and", self.op2("lt", gm, self.M, hint="p"), self.op2("lt", gn, self.N, hint="p"), hint="p")
-            if inside is not None:
-                pred = self.op2("and", pred, inside, hint="p")
-            y_idx = self.op2("add", self.op2("mul", gm, self.N, hint="yi"), gn, hint="yi")
-            b.store("y", y_idx, b.cast(total, self.act, hint="yv"), pred)  # type: ignore[arg-type]
+            self.store_columns(gm, gn, total, inside)  # type: ignore[arg-type]
 
         self.counted_loop(-(-tile // self.threads), body, hint="ie")
+
+    def store_columns(self, gm: Value, gn: Value, total: Value, inside: Value | None) -> None:
+        """Y[gm, gn] = total (rounded to the activation type) where gm < M, gn < N and
+        `inside`: into y, or with `Gemm.outputs` into the part that holds column gn (part i:
+        columns [o_i, o_i + w_i) as y_i[gm, gn - o_i], rows of w_i; one predicated store per
+        part, one of them taken)."""
+        b = self.b
+        row_ok = self.op2("lt", gm, self.M, hint="p")
+        rounded: list[Value] = []
+
+        # Emitted in the order the one-output kernels always had: predicate, index, value.
+        def store(name: str, col_ok: Callable[[], Value], index: Callable[[], Value]) -> None:
+            ok = self.op2("and", row_ok, col_ok(), hint="p")
+            if inside is not None:
+                ok = self.op2("and", ok, inside, hint="p")
+            at = index()
+            if not rounded:
+                rounded.append(b.cast(total, self.act, hint="yv"))
+            b.store(name, at, rounded[0], ok)
+
+        widths = self.gemm.outputs
+        if not widths:
+            store("y", lambda: self.op2("lt", gn, self.N, hint="p"),
+                  lambda: self.op2("add", self.op2("mul", gm, self.N, hint="yi"), gn, hint="yi"))
+            return
+        start = 0
+        for i, width in enumerate(widths):
+            def col_ok(start: int = start, width: int = width) -> Value:
+                below = self.op2("lt", gn, start + width, hint="p")
+                return self.op2("and", below, self.op2("ge", gn, start, hint="p"), hint="p") if start else below
+
+            def index(start: int = start, width: int = width) -> Value:
+                col = self.op2("sub", gn, start, hint="yc") if start else gn
+                return self.op2("add", self.op2("mul", gm, width, hint="yi"), col, hint="yi")
+
+            store(f"y{i}", col_ok, index)
+            start += width
 
 
 class LaneStore(GemmParts):

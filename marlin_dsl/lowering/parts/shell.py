@@ -10,6 +10,7 @@ from ...ir import BufferParam, Builder, ConstTable, GridDim, Kernel, ScalarParam
 from ...formats import BlockPatternSparsity, NMSparsity
 from ...ir import F32, U32, ScalarType
 from ...targets.base import Target
+from ...schedule import output_names
 from ..group_params import GroupParams
 from .context import GemmContext
 
@@ -47,7 +48,8 @@ def gemm_kernel(ctx: GemmContext, *, buffers: Sequence[BufferParam], shared: Seq
         attrs={"target": t.name, "format": ctx.fmt.name, "schedule": s.name,
                "pipeline": ctx.pipeline.kind, "activation": ctx.act.name,
                "tile": (s.tile_m, s.tile_n, s.tile_k), "warps": (s.warps_m, s.warps_n),
-               "mma": tuple(t.mma), **(attrs or {})},
+               "mma": tuple(t.mma), **({"outputs": tuple(ctx.gemm.outputs)} if ctx.gemm.outputs else {}),
+               **(attrs or {})},
         who=f"gemm {ctx.gemm.name!r}: schedule {s.name!r}", memory=memory, where=s.location)
 
 
@@ -62,7 +64,7 @@ def gemm_buffers(ctx: GemmContext, extra: Sequence[BufferParam] = ()) -> list[Bu
     if isinstance(fmt.sparsity, BlockPatternSparsity):
         bufs.append(BufferParam("patterns", ScalarType("u8"), "read"))
     bufs += extra
-    bufs.append(BufferParam("y", act, "write"))
+    bufs += [BufferParam(name, act, "write") for name in output_names(ctx.gemm.outputs)]
     return bufs
 
 

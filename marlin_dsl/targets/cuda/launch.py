@@ -40,6 +40,7 @@ import numpy as np
 
 from ...errors import CompileError, MarlinDSLError, ShapeError
 from ...ir.core import Kernel
+from ...schedule import output_names
 from .printer import print_cuda
 from .launch_precompiled import LAUNCH_PATHS, arch_specific, launch_path, precompiled_kernel
 from .launch_text import mlx_strings
@@ -174,8 +175,21 @@ class CudaGemm:
         tm, tn, _ = self.tile
         tiles = -(-m // tm) * -(-n // tn) if tm and tn else 0
         sizes = {"y": m * n, "partials": tiles * self.parallel * tm * tn, "counters": tiles}
+        widths = self.output_widths(n)
+        sizes.update({f"y{i}": m * w for i, w in enumerate(widths)} if len(widths) > 1 else {})
         return {name: sizes[name] for name in (*self.source.output_names, *self.source.inout_inputs)
                 if name in sizes}
+
+    def output_widths(self, n: int) -> tuple[int, ...]:
+        """Columns of each of Y's outputs: (N,), or the parts' widths (`Gemm.outputs`), which
+        must add up to N (ShapeError)."""
+        widths = tuple(int(w) for w in self.source.attrs.get("outputs", ()))
+        if not widths:
+            return (n,)
+        if sum(widths) != n:
+            raise ShapeError(f"weights: N={n}, but kernel {self.source.name} writes outputs of "
+                             f"{list(widths)} columns (N={sum(widths)})")
+        return widths
 
     def __call__(self, weights, x, *, poison: bool = True, fresh_state: bool = True,
                  state: dict | None = None, return_all: bool = False, verbose: bool = False):
@@ -211,7 +225,8 @@ class CudaGemm:
             scalars = {"M": m, "N": n, "K": k}
             sizes = self.sizes(m, n, k)
             grid, threadgroup = s.launch_dims(scalars)
-            shapes = [(m, n) if name == "y" else (sizes[name],) for name in s.output_names]
+            widths = dict(zip(self.y_names, self.output_widths(n)))
+            shapes = [(m, widths[name]) if name in widths else (sizes[name],) for name in s.output_names]
             launch = self._launches[(m, n, k)] = (
                 mx.array(s.dims(scalars)), sizes, grid, threadgroup, shapes,
                 [_mx_dtype(s.elems[name]) for name in s.output_names])
@@ -232,7 +247,18 @@ class CudaGemm:
                            verbose=verbose)
         if return_all:  # every output flat, as kernel_args.gemm_buffers lays them out
             return {name: out.reshape(-1) for name, out in zip(s.output_names, outs)}
-        return outs[s.output_names.index("y")]
+        return self._y(outs)
+
+    @property
+    def y_names(self) -> list[str]:
+        """The outputs that hold Y: y, or its parts y0, y1, ..."""
+        return output_names(tuple(self.source.attrs.get("outputs", ())))
+
+    def _y(self, outs: list) -> Any:
+        """Y [M, N] from the kernel's outputs (the parts side by side)."""
+        names = self.source.output_names
+        parts = [outs[names.index(name)] for name in self.y_names]
+        return parts[0] if len(parts) == 1 else _mx().concatenate(parts, axis=1)
 
     # ----- timing (the benchmark runner's `TimedKernel`) ---------------------------------------
 
@@ -263,7 +289,8 @@ class CudaGemm:
         mx.eval(dims, *[a for st in pool for a in st.values()])
         shapes = [(sizes[nm],) for nm in s.output_names]
         dtypes = [_mx_dtype(s.elems[nm]) for nm in s.output_names]
-        y_at = s.output_names.index("y")
+        y_at = [s.output_names.index(nm) for nm in self.y_names]
+        widths = self.output_widths(n)
         kernel = self.kernel
 
         def launch(i: int):
@@ -272,7 +299,9 @@ class CudaGemm:
                       for nm in s.input_names]
             outs = kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
                           threadgroup=threadgroup, init_value=None)
-            return outs[y_at].reshape(m, n)
+            if len(y_at) == 1:
+                return outs[y_at[0]].reshape(m, n)
+            return [outs[at].reshape(m, w) for at, w in zip(y_at, widths)]  # the parts, as a layer takes them
 
         return launch
 

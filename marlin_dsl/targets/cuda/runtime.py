@@ -57,9 +57,13 @@ def device_has_warpgroup() -> bool:
 
 
 @lru_cache(maxsize=None)
-def cuda_gemm(fmt: Format, activation: str, schedule: Schedule | None = None) -> CudaGemm:
+def cuda_gemm(fmt: Format, activation: str, schedule: Schedule | None = None,
+              outputs: tuple[int, ...] = ()) -> CudaGemm:
+    """The compiled kernel of (format, activation, schedule), Y's columns as parts of
+    `outputs` widths where given (`Gemm.outputs`); cached."""
     schedule = schedule or default_schedule(fmt)
-    gemm = Gemm(f"{fmt.name}_{activation}_{schedule.name}", fmt, schedule, activation)
+    parts = "_parts" + "x".join(map(str, outputs)) if outputs else ""
+    gemm = Gemm(f"{fmt.name}_{activation}_{schedule.name}{parts}", fmt, schedule, activation, outputs)
     return build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
 
 
@@ -165,9 +169,14 @@ class CudaRuntime:
             return None
         return LAYOUT_NAME
 
-    def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel:
-        """The kernel for m rows (`cuda_schedule`), bound to `mx.fast.cuda_kernel`."""
-        gemm = cuda_gemm(fmt, activation, cuda_schedule(fmt, m, k, n))
+    def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int,
+                     outputs: tuple[int, ...] = ()) -> LayerKernel:
+        """The kernel for m rows (`cuda_schedule`), bound to `mx.fast.cuda_kernel`; with
+        `outputs` (part widths), writing the parts as separate outputs where the schedule's
+        pipeline does (the weight stream: the decode's row counts), else one y."""
+        schedule = cuda_schedule(fmt, m, k, n)
+        split = outputs if outputs and getattr(schedule.pipeline, "splits_outputs", False) else ()
+        gemm = cuda_gemm(fmt, activation, schedule, split)
         source = gemm.source
         scalars = {"M": m, "N": n, "K": k}
         grid, threadgroup = source.launch_dims(scalars)

@@ -167,9 +167,12 @@ class MetalRuntime:
         every M), else the format's own layout (the default fused kernel)."""
         return STREAM_LAYOUT if stream_schedule(fmt, 1, k, n) is not None else None
 
-    def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel:
+    def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int,
+                     outputs: tuple[int, ...] = ()) -> LayerKernel:
         """The tuned kernel for m rows (weight stream or multistage) where the format takes the
-        stream layout, else the format's default kernel, through its generated launcher module."""
+        stream layout, else the format's default kernel, through its generated launcher module.
+        It writes one y (`outputs` is not taken here: the shipped launcher module's interface
+        has one output), so a fused layer splits it."""
         schedule = stream_schedule(fmt, m, k, n)
         module = metal_launcher(fmt, activation, schedule)
         gx, gy, gz = module.threadgroups(m, n, k)
