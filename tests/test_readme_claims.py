@@ -91,8 +91,8 @@ def test_model_prefill_and_decode() -> None:
 
 def test_readme_model_speedups() -> None:
     """README's model line: fp4 against mlx-lm's 4-bit layers, from the run in
-    issue15_h100_2026-11-25c/layers (prefill 512 / 2048 tokens, decode)."""
-    rows = {r["variant"]: r for r in _load("issue15_h100_2026-11-25c/layers/model_bench.json")["rows"]}
+    issue15_h100_2026-11-27c (run 8: prefill 512 / 2048 tokens, decode)."""
+    rows = {r["variant"]: r for r in _load("issue15_h100_2026-11-27c/run8_model_bench_parts.json")["rows"]}
     fp4, mlx4 = rows["fp4"], rows["mlx_4bit_g64"]
     pre = [mlx4[f"prefill_{t}_ms"] / fp4[f"prefill_{t}_ms"] for t in (512, 2048)]
     dec = mlx4["decode_ms_per_token"] / fp4["decode_ms_per_token"]
@@ -137,6 +137,31 @@ def test_warp_roles_and_read_floor(capsys: pytest.CaptureFixture) -> None:
     probe.report(RESULTS / "issue15_h100_2026-11-27" / "read_floor_ncu.txt")
     for line in capsys.readouterr().out.splitlines():
         assert line in text, line
+
+
+def test_host_path_round() -> None:
+    """bench/README, issue 15's seventh round: the decode step's parts before and after, the
+    rounds, the model bench and the fused-parts checks, from their result files."""
+    text = " ".join(BENCH_README.split())
+    run = "issue15_h100_2026-11-27c"
+
+    def steps(name: str) -> dict:
+        return {r["variant"]: r for r in _load(f"{run}/{name}")["rows"]}
+
+    before, after = steps("run5_decode_host_probe_rounds_partfix.json"), steps("run7_decode_host_probe_parts.json")
+    b, a = before["fp4"], after["fp4"]
+    assert f"fp4 build {b['build']:.2f}, encode {b['encode']:.2f}, wait {b['wait']:.2f} ({b['graph_nodes']} primitives" in text
+    assert f"fp4 build {a['build']:.2f}, encode {a['encode']:.2f}, wait {a['wait']:.2f} ms ({a['graph_nodes']}" in text
+    assert f"{b['build'] + b['encode']:.2f} -> {a['build'] + a['encode']:.2f} ms for fp4" in text
+    rounds = _load(f"{run}/run7_decode_host_probe_parts.json")["rounds"]
+    fp4 = [r["mean_ms"] for r in rounds if r["variant"] == "fp4"]
+    assert ", ".join(f"{v:.2f}" for v in fp4) in text
+    model = {r["variant"]: r for r in _load(f"{run}/run8_model_bench_parts.json")["rows"]}
+    ratio = model["mlx_4bit_g64"]["decode_ms_per_token"] / model["fp4"]["decode_ms_per_token"]
+    assert f"decode fp4 {model['fp4']['decode_ms_per_token']:.2f} ms/token" in text and f"{ratio:.2f}x;" in text
+    checks = _load(f"{run}/fused_parts_gpu.json")
+    assert checks["poisoned"] and all(r["ok"] and r["bit_identical_to_split"] for r in checks["rows"])
+    assert f"{len(checks['rows'])}/{len(checks['rows'])}. fp4, int4" in text
 
 
 def test_bf16_round() -> None:

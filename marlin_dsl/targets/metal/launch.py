@@ -70,7 +70,16 @@ class MetalGemm(_MlxKernel):
         tm, tn, _ = self.tile
         tiles = -(-m // tm) * -(-n // tn) if tm and tn else 0
         sizes = {"y": m * n, "partials": tiles * self.parallel * tm * tn, "counters": tiles}
+        sizes.update({f"y{i}": m * w for i, w in enumerate(self.widths(n))})
         return {name: sizes[name] for name in self.source.output_names}
+
+    def widths(self, n: int) -> tuple[int, ...]:
+        """Columns of Y's parts (`Gemm.outputs`; () for one y), which must add up to N."""
+        widths = tuple(int(w) for w in self.attrs.get("outputs", ()))
+        if widths and sum(widths) != n:
+            raise ShapeError(f"weights: N={n}, but kernel {self.source.name} writes outputs of "
+                             f"{list(widths)} columns (N={sum(widths)})")
+        return widths
 
     def __call__(self, weights: Any, x: Any) -> Any:
         """y = x @ W for x [M, K] (MLX or numpy); returns y [M, N]."""
@@ -96,8 +105,12 @@ class MetalGemm(_MlxKernel):
             inputs[name] = (mx.array(np.ascontiguousarray(arrays[name]).ravel())
                             if isinstance(arrays[name], np.ndarray) else arrays[name].reshape(-1))
         sizes = self.sizes(m, n, k)
-        shapes = {name: (m, n) if name == "y" else (sizes[name],) for name in s.output_names}
+        widths = self.widths(n)
+        rows = {"y": n, **{f"y{i}": w for i, w in enumerate(widths)}}
+        shapes = {name: (m, rows[name]) if name in rows else (sizes[name],) for name in s.output_names}
         outs = launch_source(s, self.kernel, inputs, shapes, scalars, init_value=0)
+        if widths:  # Y's parts side by side
+            return _mx().concatenate([outs[f"y{i}"] for i in range(len(widths))], axis=1)
         return outs["y"]
 
 

@@ -58,7 +58,8 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
     gemm, kernel = compiled.gemm, compiled.kernel
     fmt, s = gemm.format, gemm.schedule
     act = {"f16": "float16", "bf16": "bfloat16"}[gemm.activation]
-    shapes = {"x": "[M, K]", "y": "[M, N]", **buffer_shapes(fmt), DIMS_NAME: "[3]"}
+    shapes = {"x": "[M, K]", "y": "[M, N]", **buffer_shapes(fmt), DIMS_NAME: "[3]",
+              **{f"y{i}": f"[M, {w}]" for i, w in enumerate(gemm.outputs)}}
     if kernel.attrs.get("pipeline") == "striped":
         shapes["partials"] = (f"[ceil(M/{s.tile_m}) * ceil(N/{s.tile_n}) * "
                               f"{kernel.attrs['parallel']} * {s.tile_m * s.tile_n}]")
@@ -84,13 +85,16 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
         "spec_sha256": None if spec_path is None else hashlib.sha256(spec_path.read_bytes()).hexdigest(),
         "gemm": gemm.name,
         "target": compiled.target.name,
-        "computes": "y[M, N] = x[M, K] @ W[K, N], W unpacked from the format's buffers",
+        "computes": "y[M, N] = x[M, K] @ W[K, N], W unpacked from the format's buffers"
+                    + (f"; y's columns written as y0..y{len(gemm.outputs) - 1} of widths "
+                       f"{list(gemm.outputs)} (N = {sum(gemm.outputs)})" if gemm.outputs else ""),
         "activation": act,
         "format": {"name": fmt.name, "description": fmt.describe(), "text": format_to_text(fmt)},
         "schedule": {"name": s.name, "tile": [s.tile_m, s.tile_n, s.tile_k],
                      "warps": [s.warps_m, s.warps_n], "pipeline": str(kernel.attrs["pipeline"]),
                      **({"parallel": kernel.attrs["parallel"]} if "parallel" in kernel.attrs else {})},
-        "constraints": {"M": ">= 1", "N": ">= 1", "K": f"a positive multiple of {k_multiple(fmt)}"},
+        "constraints": {"M": ">= 1", "N": f"= {sum(gemm.outputs)}" if gemm.outputs else ">= 1",
+                        "K": f"a positive multiple of {k_multiple(fmt)}"},
         "kernel": {
             "name": src.name,
             "mlx_function_name": src.mlx_kernel_name(),
@@ -136,11 +140,18 @@ def launcher_text(src: MetalSource, compiled: CompiledGemm) -> str:
     inputs = [n for n in src.input_names if n not in ("x", DIMS_NAME)]
     mx_dtype = {"float16_t": "mx.float16", "bfloat16_t": "mx.bfloat16", "float": "mx.float32",
                 "uint32_t": "mx.uint32", "uint8_t": "mx.uint8", "uint16_t": "mx.uint16"}
+    widths = tuple(compiled.gemm.outputs)
     outputs = []
     for n in src.output_names:
         size = {"y": "M * N", "partials": f"tiles * {kernel.attrs.get('parallel', 1)} * {s.tile_m * s.tile_n}",
-                "counters": "tiles"}[n]
+                "counters": "tiles", **{f"y{i}": f"M * {w}" for i, w in enumerate(widths)}}[n]
         outputs.append(f"    ({n!r}, ({size},), {mx_dtype[src.dtypes[n]]}),")
+    if widths:  # Y's columns as parts (Gemm.outputs)
+        returns, result = "list[mx.array]", f"its parts y0..y{len(widths) - 1} [M, width] of widths {list(widths)}"
+        ret = (f"    return [outs[OUTPUT_NAMES.index(f'y{{i}}')].reshape(M, w) for i, w in enumerate({list(widths)!r})]\n")
+    else:
+        returns, result = "mx.array", "y [M, N] in x's dtype"
+        ret = '    return outs[OUTPUT_NAMES.index("y")].reshape(M, N)\n'
     tiles_line = f"    tiles = -(-M // {s.tile_m}) * -(-N // {s.tile_n})\n" if striped else ""
     # Only the striped pipeline needs its outputs zeroed (arrival counters); a fill of y
     # would cost a pass over the output for nothing.
@@ -185,8 +196,8 @@ def kernel():
     return _kernel
 
 
-def launch(x: mx.array, {args}) -> mx.array:
-    """y = x @ W for x [M, K]; returns y [M, N] in x's dtype."""
+def launch(x: mx.array, {args}) -> {returns}:
+    """y = x @ W for x [M, K]; returns {result}."""
     if x.ndim != 2:
         raise ValueError(f"x: expected [M, K], got shape {{x.shape}}")
     M, K = x.shape
@@ -199,8 +210,7 @@ def launch(x: mx.array, {args}) -> mx.array:
     outs = kernel()(inputs=[x, {args}, dims], grid=(gx * THREADS, gy, gz), threadgroup=(THREADS, 1, 1),
                     output_shapes=[shape for _, shape, _ in specs],
                     output_dtypes=[dtype for _, _, dtype in specs]{init})
-    return outs[OUTPUT_NAMES.index("y")].reshape(M, N)
-'''
+{ret}'''
 
 
 def write_metal_kernel(compiled: CompiledGemm, spec_path: Path | None, out_dir: Path) -> dict[str, Path]:
