@@ -114,7 +114,8 @@ thr: threads per threadgroup; tgmem: threadgroup (shared) memory bytes. interp: 
   kernel IR run by the interpreter (threadgroups, barriers) on fresh random weights and
   activations, outputs poisoned with NaN first: the worst ||y - y_ref|| / ||y_ref|| against the
   float64 reference of the packed weights over M = 1, 3 and 65 rows (N = tile_n + 17, at
-  M = 65 17 + tile_n rounded up to 128; K = two K steps). PASS: every output written, and
+  M = 65 17 + tile_n rounded up to 128; a Gemm with outputs: their widths' sum; K = two K
+  steps). PASS: every output written, and
   every check of the error model (marlin_dsl/checks/error_model.py): the error within 1.5x
   (plus a sampling allowance) of what rounding to the activation type predicts (~3e-4 f16,
   ~2.4e-3 bf16), no bias (the slope of y on y_ref within 6 sigma of what the decode's own

@@ -13,8 +13,7 @@ from .formats.tensors import check_float_matrix
 from .ir import Kernel
 from .ir.numerics import round_to_activation
 from .layouts.weight_stream import LAYOUT_NAME, stream_arrays
-from .schedule import output_names
-from .targets.base import TARGETS
+from .targets.base import TARGETS, output_names
 
 #: Poison written into outputs before a kernel runs: any element the kernel fails to write
 #: stays NaN and fails the comparison.

@@ -309,11 +309,12 @@ class MarlinLinear(nn.Module):
         layers, `models.fuse`): where the kernel for x's rows writes them as separate outputs
         (`Gemm.outputs`: CUDA's weight stream, the decode) nothing follows the launch; else,
         and with a bias, y is split (one `mx.split`)."""
-        widths = tuple(int(w) for w in widths)
-        if len(widths) < 2 or min(widths) < 1 or sum(widths) != self.output_dims:
+        widths = tuple(widths) if isinstance(widths, (tuple, list)) else ()
+        if (len(widths) < 2 or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in widths)
+                or min(widths) < 1 or sum(widths) != self.output_dims):
             raise ShapeError(f"widths: expected two or more positive part widths adding up to the "
                              f"layer's {self.output_dims} output features, got {list(widths)}")
-        object.__setattr__(self, "_part_widths", widths)
+        object.__setattr__(self, "_part_widths", tuple(int(w) for w in widths))
         self._disarm()
 
     def call_parts(self, x: mx.array) -> list[mx.array]:

@@ -113,11 +113,6 @@ class Gemm:
         record_declaration(self)
 
 
-def output_names(outputs: tuple[int, ...] | list[int]) -> list[str]:
-    """The output buffers of a Gemm with these part widths (`Gemm.outputs`): y, or y0, y1, ..."""
-    return [f"y{i}" for i in range(len(outputs))] if outputs else ["y"]
-
-
 def check_outputs(name: str, outputs: object, schedule: Schedule, location: SourceLocation | None) -> None:
     """`outputs` of gemm `name` are () or two or more positive widths, and the schedule's
     pipeline writes parts; else ScheduleError at `location`."""

@@ -304,7 +304,7 @@ def test_fused_parts_come_out_of_one_kernel_at_decode(fake_cuda, bias: bool) -> 
 
 def test_part_widths_are_checked() -> None:
     layer = MarlinLinear.from_linear(nn.Linear(256, 40), "fp4", backend="mlx")
-    for bad in ((40,), (30, 9), (41, -1), (20, 0, 20)):
+    for bad in ((40,), (30, 9), (41, -1), (20, 0, 20), ("20", 20), (20.0, 20), 40, None):
         with pytest.raises(ShapeError, match="widths: expected two or more positive part widths"):
             layer.split_outputs(bad)
     with pytest.raises(ShapeError, match="call_parts before split_outputs"):

@@ -159,6 +159,11 @@ def test_host_path_round() -> None:
     model = {r["variant"]: r for r in _load(f"{run}/run8_model_bench_parts.json")["rows"]}
     ratio = model["mlx_4bit_g64"]["decode_ms_per_token"] / model["fp4"]["decode_ms_per_token"]
     assert f"decode fp4 {model['fp4']['decode_ms_per_token']:.2f} ms/token" in text and f"{ratio:.2f}x;" in text
+    bf16 = {r["variant"]: r for r in _load(f"{run}/run9_model_bench_bf16_parts.json")["rows"]}
+    assert bf16["fp4"]["decode_ms_per_token"] < bf16["mlx_4bit_g64"]["decode_ms_per_token"]
+    ratio = bf16["mlx_4bit_g64"]["decode_ms_per_token"] / bf16["fp4"]["decode_ms_per_token"]
+    assert f"fp4 {bf16['fp4']['decode_ms_per_token']:.2f} ms/token" in text and f"{ratio:.2f}x (the sixth" in text
+    assert f"in bf16 it now decodes at {ratio:.2f}x" in " ".join(README.split())
     checks = _load(f"{run}/fused_parts_gpu.json")
     assert checks["poisoned"] and all(r["ok"] and r["bit_identical_to_split"] for r in checks["rows"])
     assert f"{len(checks['rows'])}/{len(checks['rows'])}. fp4, int4" in text

@@ -257,6 +257,12 @@ class NativeCheck(Protocol):
         ...
 
 
+def output_names(outputs: tuple[int, ...] | list[int]) -> list[str]:
+    """The output buffers of a GEMM kernel whose Y comes out as parts of these widths
+    (`Gemm.outputs`): y, or y0, y1, ... (every launcher and the lowering name them so)."""
+    return [f"y{i}" for i in range(len(outputs))] if outputs else ["y"]
+
+
 @dataclass(frozen=True)
 class LayerKernel:
     """One compiled GEMM ready for `layers.dispatch` to bind to an activation shape: the MLX

@@ -9,8 +9,7 @@ from ...ir.core import AttrValue
 from ...ir import BufferParam, Builder, ConstTable, GridDim, Kernel, ScalarParam, SharedArray, verify
 from ...formats import BlockPatternSparsity, NMSparsity
 from ...ir import F32, U32, ScalarType
-from ...targets.base import Target
-from ...schedule import output_names
+from ...targets.base import Target, output_names
 from ..group_params import GroupParams
 from .context import GemmContext
 
