@@ -292,6 +292,10 @@ def test_stream_kernels_compile_with_nvcc() -> None:
             for m in (1, 64):
                 gemm = Gemm(f"ws_{fmt_name}_{act}_{m}", fmt, md.tuned_schedule(fmt, m), act)
                 sources.append(print_cuda(compile_gemm(gemm, CUDA).kernel))
+    for fmt_name, act in (("fp4", "f16"), ("int4", "bf16")):  # Y's columns as parts (Gemm.outputs)
+        fmt = md.builtin_format(fmt_name)
+        gemm = Gemm(f"ws_parts_{fmt_name}_{act}", fmt, md.tuned_schedule(fmt, 1), act, outputs=(64, 16, 24))
+        sources.append(print_cuda(compile_gemm(gemm, CUDA).kernel))
     results = nvcc_check(sources, archs=("sm_80", "sm_90"))
     failed = [r.summary() for r in results if not r.ok]
     assert not failed, "\n".join(failed)
