@@ -307,7 +307,7 @@ class MarlinLinear(nn.Module):
     def split_outputs(self, widths: tuple[int, ...]) -> None:
         """Make `call_parts(x)` return y's columns as parts of these widths (a fused group's
         layers, `models.fuse`): where the kernel for x's rows writes them as separate outputs
-        (`Gemm.outputs`: CUDA's weight stream, the decode) nothing follows the launch; else,
+        (`Gemm.outputs`: the weight stream, the decode's rows) nothing follows the launch; else,
         and with a bias, y is split (one `mx.split`)."""
         widths = tuple(widths) if isinstance(widths, (tuple, list)) else ()
         if (len(widths) < 2 or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in widths)

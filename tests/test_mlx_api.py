@@ -416,6 +416,63 @@ def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch
     dispatch.dispatch_for.cache_clear()
 
 
+def test_metal_fused_parts_come_out_of_the_shipped_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A fused group on backend "metal": at the weight stream's row counts one launch of the
+    generated launcher's kernel writing the parts (y0, y1, y2), above them one y, split; each
+    part against the float64 reference. mx.fast.metal_kernel is a stand-in that checks the text
+    it is given and runs it on the Metal CPU harness (tests/metal_standin.py)."""
+    import sys
+
+    import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.nn as mnn
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.models.fuse import FusedLinear, LinearSlice
+    from marlin_dsl.schedule import Gemm
+    from marlin_dsl.targets import METAL
+    from marlin_dsl.targets.metal.cpu_harness import find_compiler
+    from marlin_dsl.targets.metal.printer import print_metal
+    from marlin_dsl.targets.metal.runtime import metal_launcher, stream_schedule
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from metal_standin import MetalStandIn
+
+    if find_compiler() is None:
+        pytest.skip("no C++ compiler to run the Metal text on the CPU")
+    monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path))
+    monkeypatch.setattr(mnn, "_metal_available", lambda: True)
+    metal_launcher.cache_clear()
+    dispatch.dispatch_for.cache_clear()
+    rng = np.random.default_rng(12)
+    widths, k = (32, 8, 16), 128
+    fmt = md.builtin_format("fp4")
+    packed = md.pack(fmt, rng.standard_normal((k, sum(widths))))
+    kernels = {}  # the generated launchers' kernel names -> the printed text they must hand MLX
+    for m, split in ((3, widths), (64, ())):
+        sched = stream_schedule(fmt, m, k, sum(widths))
+        assert getattr(sched.pipeline, "splits_outputs", False) == bool(split)  # stream at 3, not at 64
+        name = metal_launcher(fmt, "f16", sched, split).NAME
+        kernels[name] = print_metal(compile_gemm(Gemm(name, fmt, sched, "f16", split), METAL).kernel)
+    standin = MetalStandIn(kernels.__getitem__)
+    monkeypatch.setattr(mx.fast, "metal_kernel", standin)
+    group = FusedLinear(MarlinLinear.from_packed(packed, backend="metal"), widths)
+    parts = [LinearSlice(group, i) for i in range(3)]
+    starts = np.cumsum((0,) + widths)
+    for m, expect_parts in ((3, True), (64, False)):
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        xa = mx.array(x)
+        before = len(standin.launches)
+        got = [np.array(p(xa)).astype(np.float64) for p in parts]
+        launched = standin.launches[before:]
+        assert len(launched) == 1
+        assert (len(launched[0]["shapes"]) == 3) == expect_parts, launched[0]["shapes"]
+        want = md.reference_matmul(x.astype(np.float64), packed)
+        for i, part in enumerate(got):
+            ref = want[:, starts[i]:starts[i + 1]]
+            assert np.linalg.norm(part - ref) / np.linalg.norm(ref) < 2e-3, (m, i)
+    metal_launcher.cache_clear()
+    dispatch.dispatch_for.cache_clear()
+
+
 # ----- MarlinLinear -----------------------------------------------------------------------
 
 def _half_step_bound(packed: md.PackedWeights, w: np.ndarray) -> np.ndarray:

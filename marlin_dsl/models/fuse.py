@@ -8,9 +8,9 @@ is what makes a converted model decode faster (bench/README.md, model benchmark)
 A fused group becomes one `FusedLinear` (a MarlinLinear of the parts' output features side by
 side, N = sum of theirs, stored once at `<parent>.<part>__<part>...`) and each part becomes a
 `LinearSlice` without parameters. The model's own code still calls `self.q_proj(x)`, ...: the
-first part called with an x computes the whole product as the parts' columns (on CUDA at
-decode the kernel writes each part as its own output, `Gemm.outputs`; else one `mx.split`
-of y) and keeps them until every part has taken its own, then lets them go; a part called
+first part called with an x computes the whole product as the parts' columns (at decode,
+the weight stream's rows, the kernel writes each part as its own output, `Gemm.outputs`, on
+CUDA and Metal; else one `mx.split` of y) and keeps them until every part has taken its own, then lets them go; a part called
 with another x computes again, so a model that does not feed the parts the same input stays
 correct, only slower.
 

@@ -45,20 +45,24 @@ def _cache_root() -> Path:
 
 
 @lru_cache(maxsize=None)
-def metal_launcher(fmt: Format, activation: str, schedule: Schedule | None = None) -> ModuleType:
+def metal_launcher(fmt: Format, activation: str, schedule: Schedule | None = None,
+                   outputs: tuple[int, ...] = ()) -> ModuleType:
     """The generated launcher module of (format, activation, schedule): the format's default
-    kernel where `schedule` is None."""
+    kernel where `schedule` is None; with `outputs`, Y's columns as parts of those widths
+    (`Gemm.outputs`: its `launch` returns them)."""
     from ... import __version__
 
     text = f"{__version__}\0{activation}\0{format_to_text(fmt)}"
     if schedule is not None:  # the default kernel's key (and cache folder) stays as it was
         text += f"\0{schedule!r}"
+    if outputs:
+        text += f"\0outputs={list(outputs)}"
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     name = f"{fmt.name}_{activation}_{key}" if schedule is None else f"{fmt.name}_{activation}_{schedule.name}_{key}"
     folder = _cache_root() / "metal" / name
     launcher = folder / name / f"{name}.py"
     if not launcher.exists():
-        compiled = compile_gemm(Gemm(name, fmt, schedule or default_schedule(fmt), activation), METAL)
+        compiled = compile_gemm(Gemm(name, fmt, schedule or default_schedule(fmt), activation, outputs), METAL)
         write_metal_kernel(compiled, None, folder)
     return _load_module(f"marlin_dsl_metal_{name}", launcher)
 
@@ -170,11 +174,12 @@ class MetalRuntime:
     def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int,
                      outputs: tuple[int, ...] = ()) -> LayerKernel:
         """The tuned kernel for m rows (weight stream or multistage) where the format takes the
-        stream layout, else the format's default kernel, through its generated launcher module.
-        It writes one y (`outputs` is not taken here: the shipped launcher module's interface
-        has one output), so a fused layer splits it."""
+        stream layout, else the format's default kernel, through its generated launcher module;
+        with `outputs`, writing the parts where the schedule's pipeline does (the weight
+        stream), else one y (a fused layer then splits it)."""
         schedule = stream_schedule(fmt, m, k, n)
-        module = metal_launcher(fmt, activation, schedule)
+        split = outputs if outputs and schedule is not None and getattr(schedule.pipeline, "splits_outputs", False) else ()
+        module = metal_launcher(fmt, activation, schedule, split)
         gx, gy, gz = module.threadgroups(m, n, k)
         return LayerKernel(module.kernel(), module.NAME, tuple(module.INPUT_NAMES), tuple(module.OUTPUT_NAMES),
                            (m, n, k), (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1),
