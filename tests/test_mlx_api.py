@@ -366,18 +366,15 @@ def test_replaced_weights_are_checked_once(fake_cuda) -> None:
         layer(mx.array(x))
 
 
-def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """The Metal path of quantized_linear, on Linux: mx.fast.metal_kernel is replaced by a
-    stand-in that runs the text it is given (the kernel compiled on first use and written to
-    the cache with its launcher) on the CPU harness."""
+@pytest.fixture
+def metal_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """The Metal layer path on Linux: the runtime believes in Metal, generated launchers go to
+    a fresh cache, no launcher or dispatch is left over from another test (and none is left
+    behind); skipped without a C++ compiler for the CPU harness that runs the Metal text."""
     import marlin_dsl.layers.dispatch as dispatch
     import marlin_dsl.nn as mnn
-    from marlin_dsl.targets.metal.printer import print_metal
-    from marlin_dsl.targets.metal.runtime import default_schedule, metal_launcher, stream_schedule
-    from marlin_dsl.compiler import compile_gemm
-    from marlin_dsl.targets.metal.cpu_harness import compile_metal, find_compiler
-    from marlin_dsl.schedule import Gemm
-    from marlin_dsl.targets import METAL
+    from marlin_dsl.targets.metal.cpu_harness import find_compiler
+    from marlin_dsl.targets.metal.runtime import metal_launcher
 
     if find_compiler() is None:
         pytest.skip("no C++ compiler to run the Metal text on the CPU")
@@ -385,6 +382,22 @@ def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(mnn, "_metal_available", lambda: True)
     metal_launcher.cache_clear()
     dispatch.dispatch_for.cache_clear()
+    yield tmp_path
+    metal_launcher.cache_clear()
+    dispatch.dispatch_for.cache_clear()
+
+
+def test_metal_backend_runs_the_generated_kernel(metal_on_cpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Metal path of quantized_linear, on Linux: mx.fast.metal_kernel is replaced by a
+    stand-in that runs the text it is given (the kernel compiled on first use and written to
+    the cache with its launcher) on the CPU harness."""
+    from marlin_dsl.targets.metal.printer import print_metal
+    from marlin_dsl.targets.metal.runtime import default_schedule, stream_schedule
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.targets.metal.cpu_harness import compile_metal
+    from marlin_dsl.schedule import Gemm
+    from marlin_dsl.targets import METAL
+
     rng = np.random.default_rng(11)
     packed = md.pack_fp4_2of4_weights(rng.standard_normal((128, 40)))
     fmt = packed.format
@@ -412,36 +425,26 @@ def test_metal_backend_runs_the_generated_kernel(monkeypatch: pytest.MonkeyPatch
     assert y.shape == (2, 3, 40) and y.dtype == mx.float16
     rel = np.linalg.norm(np.array(y).astype(np.float64) - expected) / np.linalg.norm(expected)
     assert rel < 2e-3
-    assert list(tmp_path.rglob("manifest.json")), "the kernel is written to the cache"
-    dispatch.dispatch_for.cache_clear()
+    assert list(metal_on_cpu.rglob("manifest.json")), "the kernel is written to the cache"
 
 
-def test_metal_fused_parts_come_out_of_the_shipped_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_metal_fused_parts_come_out_of_the_shipped_kernel(metal_on_cpu, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fused group on backend "metal": at the weight stream's row counts one launch of the
     generated launcher's kernel writing the parts (y0, y1, y2), above them one y, split; each
     part against the float64 reference. mx.fast.metal_kernel is a stand-in that checks the text
     it is given and runs it on the Metal CPU harness (tests/metal_standin.py)."""
     import sys
 
-    import marlin_dsl.layers.dispatch as dispatch
-    import marlin_dsl.nn as mnn
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.models.fuse import FusedLinear, LinearSlice
     from marlin_dsl.schedule import Gemm
     from marlin_dsl.targets import METAL
-    from marlin_dsl.targets.metal.cpu_harness import find_compiler
     from marlin_dsl.targets.metal.printer import print_metal
     from marlin_dsl.targets.metal.runtime import metal_launcher, stream_schedule
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from metal_standin import MetalStandIn
 
-    if find_compiler() is None:
-        pytest.skip("no C++ compiler to run the Metal text on the CPU")
-    monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path))
-    monkeypatch.setattr(mnn, "_metal_available", lambda: True)
-    metal_launcher.cache_clear()
-    dispatch.dispatch_for.cache_clear()
     rng = np.random.default_rng(12)
     widths, k = (32, 8, 16), 128
     fmt = md.builtin_format("fp4")
@@ -469,8 +472,6 @@ def test_metal_fused_parts_come_out_of_the_shipped_kernel(monkeypatch: pytest.Mo
         for i, part in enumerate(got):
             ref = want[:, starts[i]:starts[i + 1]]
             assert np.linalg.norm(part - ref) / np.linalg.norm(ref) < 2e-3, (m, i)
-    metal_launcher.cache_clear()
-    dispatch.dispatch_for.cache_clear()
 
 
 # ----- MarlinLinear -----------------------------------------------------------------------
