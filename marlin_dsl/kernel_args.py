@@ -13,7 +13,7 @@ from .formats.tensors import check_float_matrix
 from .ir import Kernel
 from .ir.numerics import round_to_activation
 from .layouts.weight_stream import LAYOUT_NAME, stream_arrays
-from .targets.base import TARGETS, output_names
+from .targets.base import TARGETS, y_columns
 
 #: Poison written into outputs before a kernel runs: any element the kernel fails to write
 #: stays NaN and fails the comparison.
@@ -65,11 +65,7 @@ def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict
             flat = storage[name].to_float64(flat).astype(np.float32)
         buffers[name] = flat
     out_dtype = np.float16 if activation == "f16" else np.float32
-    widths = tuple(int(w) for w in kernel.attrs.get("outputs", ()))  # type: ignore[union-attr]
-    if widths and sum(widths) != n:
-        raise ShapeError(f"packed: N={n}, but kernel {kernel.name!r} writes outputs of {list(widths)} "
-                         f"columns (N={sum(widths)})")
-    for name, width in zip(output_names(widths), widths or (n,)):
+    for name, width in y_columns(kernel.attrs, kernel.name, n, "packed").items():
         buffers[name] = np.full(m * width, POISON, dtype=out_dtype)
     if kernel.attrs.get("pipeline") == "striped":
         tile_m, tile_n, _ = kernel.attrs["tile"]  # type: ignore[misc]

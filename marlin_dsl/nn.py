@@ -325,10 +325,11 @@ class MarlinLinear(nn.Module):
         widths = getattr(self, "_part_widths", None)
         if widths is None:
             raise ShapeError(f"MarlinLinear({self.format.name}): call_parts before split_outputs")
+        dispatch = dispatch_for(self.format, self.input_dims, self.output_dims, self._backend, widths)
         if "bias" in self:  # the bias is added to y as a whole: split after
-            splits = [sum(widths[:i]) for i in range(1, len(widths))]
+            splits = dispatch.splits
             return lambda x: mx.split(self._call(x), splits, axis=-1)
-        return self._launcher(dispatch_for(self.format, self.input_dims, self.output_dims, self._backend, widths))
+        return self._launcher(dispatch)
 
     @property
     def check_finite(self) -> bool:

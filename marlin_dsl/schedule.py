@@ -9,7 +9,7 @@ from .formats import Format
 # The pipelines live in marlin_dsl/pipelines/ (one module each, registered by kind); their
 # classes stay importable from here.
 from .pipelines import (PIPELINES, DoubleBuffered, FusedDequant, Multistage, Pipeline, StripedKParallel, Warpgroup,
-                        WeightStream)
+                        WeightStream, splits_outputs)
 from .source import caller_location, record_declaration
 from .targets.base import Target
 
@@ -113,6 +113,12 @@ class Gemm:
         record_declaration(self)
 
 
+def written_outputs(schedule: Schedule | None, outputs: tuple[int, ...]) -> tuple[int, ...]:
+    """The part widths a kernel of `schedule` writes for a request of `outputs`: all of them
+    where its pipeline writes parts (`splits_outputs`), else () (one y, which the caller splits)."""
+    return outputs if outputs and schedule is not None and splits_outputs(schedule.pipeline) else ()
+
+
 def check_outputs(name: str, outputs: object, schedule: Schedule, location: SourceLocation | None) -> None:
     """`outputs` of gemm `name` are () or two or more positive widths, and the schedule's
     pipeline writes parts; else ScheduleError at `location`."""
@@ -122,10 +128,10 @@ def check_outputs(name: str, outputs: object, schedule: Schedule, location: Sour
             or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in outputs)):
         raise ScheduleError(f"gemm {name!r}: outputs must be a tuple of two or more positive column "
                             f"counts (the parts' widths), got {outputs!r}", location)
-    if not getattr(schedule.pipeline, "splits_outputs", False):
+    if not splits_outputs(schedule.pipeline):
         raise ScheduleError(f"gemm {name!r}: outputs {outputs}: the {schedule.pipeline.kind} pipeline "
                             f"(schedule {schedule.name!r}) writes one output; only "
-                            f"{', '.join(k for k, c in PIPELINES.items() if getattr(c, 'splits_outputs', False))} "
+                            f"{', '.join(k for k, c in PIPELINES.items() if splits_outputs(c))} "
                             "writes parts", location)
 
 

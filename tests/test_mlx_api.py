@@ -437,6 +437,7 @@ def test_metal_fused_parts_come_out_of_the_shipped_kernel(metal_on_cpu, monkeypa
 
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.models.fuse import FusedLinear, LinearSlice
+    from marlin_dsl.pipelines import splits_outputs
     from marlin_dsl.schedule import Gemm
     from marlin_dsl.targets import METAL
     from marlin_dsl.targets.metal.printer import print_metal
@@ -452,7 +453,7 @@ def test_metal_fused_parts_come_out_of_the_shipped_kernel(metal_on_cpu, monkeypa
     kernels = {}  # the generated launchers' kernel names -> the printed text they must hand MLX
     for m, split in ((3, widths), (64, ())):
         sched = stream_schedule(fmt, m, k, sum(widths))
-        assert getattr(sched.pipeline, "splits_outputs", False) == bool(split)  # stream at 3, not at 64
+        assert splits_outputs(sched.pipeline) == bool(split)  # the weight stream at 3 rows, not at 64
         name = metal_launcher(fmt, "f16", sched, split).NAME
         kernels[name] = print_metal(compile_gemm(Gemm(name, fmt, sched, "f16", split), METAL).kernel)
     standin = MetalStandIn(kernels.__getitem__)

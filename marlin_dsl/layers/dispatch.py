@@ -83,6 +83,12 @@ class Dispatch:
     def __call__(self, x: mx.array, weights: Sequence[mx.array]) -> mx.array:
         return self.launch(x)(x, weights)
 
+    def split_after(self, launch: Launch) -> Launch:
+        """`launch` (one y) followed by one `mx.split` into the parts (where the kernel does
+        not write them itself)."""
+        splits = self.splits
+        return lambda x, weights: mx.split(launch(x, weights), splits, axis=-1)
+
     def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         raise NotImplementedError
 
@@ -93,13 +99,11 @@ class MlxOpsDispatch(Dispatch):
     def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         fmt, kn, names = self.fmt, (self.k, self.n), self.names
 
-        splits = self.splits
-
         def run(x: mx.array, weights: Sequence[mx.array]) -> mx.array:
             w = dequantize_mx(fmt, kn, dict(zip(names, weights)))
             return mx.matmul(x, w.astype(x.dtype))
 
-        return (lambda x, weights: mx.split(run(x, weights), splits, axis=-1)) if splits else run
+        return self.split_after(run) if self.parts else run
 
 
 class _KernelLaunch:
@@ -158,10 +162,7 @@ class TargetDispatch(_KernelDispatch):
         launch = _KernelLaunch(kernel.kernel, mx.array(kernel.dims, dtype=mx.uint32), kernel.grid, kernel.threadgroup,
                                [(*shape[:-1], w) for w in (self.parts if split else (self.n,))], out_dtype,
                                mx.float32 if dtype == mx.float32 else None)
-        if self.parts and not split:  # parts asked for, one y written (larger M): split it
-            splits = self.splits
-            return lambda x, weights: mx.split(launch(x, weights), splits, axis=-1)
-        return launch
+        return self.split_after(launch) if self.parts and not split else launch  # one y (larger M): split
 
 
 #: Concrete backends by name: MLX ops, and every target with a runtime (its kernels).

@@ -10,9 +10,9 @@ side, N = sum of theirs, stored once at `<parent>.<part>__<part>...`) and each p
 `LinearSlice` without parameters. The model's own code still calls `self.q_proj(x)`, ...: the
 first part called with an x computes the whole product as the parts' columns (at decode,
 the weight stream's rows, the kernel writes each part as its own output, `Gemm.outputs`, on
-CUDA and Metal; else one `mx.split` of y) and keeps them until every part has taken its own, then lets them go; a part called
-with another x computes again, so a model that does not feed the parts the same input stays
-correct, only slower.
+CUDA and Metal; else one `mx.split` of y) and keeps them until every part has taken its
+own, then lets them go; a part called with another x computes again, so a model that does
+not feed the parts the same input stays correct, only slower.
 
 Quantisation is per output column, so fusing changes no packed value: every column of the
 fused weight is what the part's own conversion would have made.
@@ -46,7 +46,6 @@ class FusedLinear(nn.Module):
         layer.split_outputs(tuple(sizes))  # the parts straight out of the kernel where it can
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         object.__setattr__(self, "_bounds", tuple((a, a + s) for a, s in zip(starts, sizes)))
-        object.__setattr__(self, "_splits", starts[1:])
         # [x, the parts' outputs, how many parts have still to take theirs]. A part's call
         # runs 5 times per transformer block and a decode step is bound by host time
         # (bench/decode_host_probe.py), so it does the least it can: an identity test and a

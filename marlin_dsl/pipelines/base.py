@@ -52,6 +52,12 @@ class Pipeline(Protocol):
         (the schedule's generic checks, such as the thread limit, follow)."""
 
 
+def splits_outputs(pipeline: object) -> bool:
+    """Whether the pipeline's epilogue writes Y's columns as several outputs (`Gemm.outputs`):
+    its class says so with `splits_outputs = True`."""
+    return bool(getattr(pipeline, "splits_outputs", False))
+
+
 #: kind -> pipeline class; filled by `register_pipeline` when `marlin_dsl.pipelines` is imported.
 PIPELINES: dict[str, type] = {}
 
@@ -84,4 +90,5 @@ def require_positive(schedule: ScheduleShape, kind: str, pipeline: object, attrs
                                 f"positive integer, got {value!r}", schedule.location)
 
 
-__all__ = ["PIPELINES", "Pipeline", "ScheduleShape", "is_positive_int", "register_pipeline", "require_positive"]
+__all__ = ["PIPELINES", "Pipeline", "ScheduleShape", "is_positive_int", "register_pipeline", "require_positive",
+           "splits_outputs"]

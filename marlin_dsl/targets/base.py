@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkab
 
 import numpy as np
 
-from ..errors import CompileError
+from ..errors import CompileError, ShapeError
 
 
 class SparseMetadataFields(NamedTuple):
@@ -261,6 +261,17 @@ def output_names(outputs: tuple[int, ...] | list[int]) -> list[str]:
     """The output buffers of a GEMM kernel whose Y comes out as parts of these widths
     (`Gemm.outputs`): y, or y0, y1, ... (every launcher and the lowering name them so)."""
     return [f"y{i}" for i in range(len(outputs))] if outputs else ["y"]
+
+
+def y_columns(attrs: Mapping[str, Any], name: str, n: int, arg: str) -> dict[str, int]:
+    """The outputs of kernel `name` (its `attrs`) that hold Y [M, N] and the columns of each:
+    {"y": N}, or the parts {"y0": w0, "y1": w1, ...} (`Gemm.outputs`), side by side in that
+    order; ShapeError where the parts do not add up to the N of argument `arg`."""
+    widths = tuple(int(w) for w in attrs.get("outputs", ()))
+    if widths and sum(widths) != n:
+        raise ShapeError(f"{arg}: N={n}, but kernel {name!r} writes outputs of {list(widths)} "
+                         f"columns (N={sum(widths)})")
+    return dict(zip(output_names(widths), widths or (n,)))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import numpy as np
 
 from ...errors import CompileError, MarlinDSLError, ShapeError
 from ...ir.core import Kernel
-from ..base import output_names
+from ..base import output_names, y_columns
 from .printer import print_cuda
 from .launch_precompiled import LAUNCH_PATHS, arch_specific, launch_path, precompiled_kernel
 from .launch_text import mlx_strings
@@ -175,21 +175,13 @@ class CudaGemm:
         tm, tn, _ = self.tile
         tiles = -(-m // tm) * -(-n // tn) if tm and tn else 0
         sizes = {"y": m * n, "partials": tiles * self.parallel * tm * tn, "counters": tiles}
-        widths = self.output_widths(n)
-        sizes.update({f"y{i}": m * w for i, w in enumerate(widths)} if len(widths) > 1 else {})
+        sizes.update({name: m * w for name, w in self.y_columns(n).items()})
         return {name: sizes[name] for name in (*self.source.output_names, *self.source.inout_inputs)
                 if name in sizes}
 
-    def output_widths(self, n: int) -> tuple[int, ...]:
-        """Columns of each of Y's outputs: (N,), or the parts' widths (`Gemm.outputs`), which
-        must add up to N (ShapeError)."""
-        widths = tuple(int(w) for w in self.source.attrs.get("outputs", ()))
-        if not widths:
-            return (n,)
-        if sum(widths) != n:
-            raise ShapeError(f"weights: N={n}, but kernel {self.source.name} writes outputs of "
-                             f"{list(widths)} columns (N={sum(widths)})")
-        return widths
+    def y_columns(self, n: int) -> dict[str, int]:
+        """The outputs holding Y and their columns (`base.y_columns`: y, or Y's parts)."""
+        return y_columns(self.source.attrs, self.source.name, n, "weights")
 
     def __call__(self, weights, x, *, poison: bool = True, fresh_state: bool = True,
                  state: dict | None = None, return_all: bool = False, verbose: bool = False):
@@ -225,8 +217,8 @@ class CudaGemm:
             scalars = {"M": m, "N": n, "K": k}
             sizes = self.sizes(m, n, k)
             grid, threadgroup = s.launch_dims(scalars)
-            widths = dict(zip(self.y_names, self.output_widths(n)))
-            shapes = [(m, widths[name]) if name in widths else (sizes[name],) for name in s.output_names]
+            cols = self.y_columns(n)
+            shapes = [(m, cols[name]) if name in cols else (sizes[name],) for name in s.output_names]
             launch = self._launches[(m, n, k)] = (
                 mx.array(s.dims(scalars)), sizes, grid, threadgroup, shapes,
                 [_mx_dtype(s.elems[name]) for name in s.output_names])
@@ -289,8 +281,9 @@ class CudaGemm:
         mx.eval(dims, *[a for st in pool for a in st.values()])
         shapes = [(sizes[nm],) for nm in s.output_names]
         dtypes = [_mx_dtype(s.elems[nm]) for nm in s.output_names]
-        y_at = [s.output_names.index(nm) for nm in self.y_names]
-        widths = self.output_widths(n)
+        cols = self.y_columns(n)
+        y_at = [s.output_names.index(nm) for nm in cols]
+        widths = list(cols.values())
         kernel = self.kernel
 
         def launch(i: int):

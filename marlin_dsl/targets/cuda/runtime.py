@@ -24,7 +24,7 @@ from ...formats import Format, PackedWeights
 from ...ir.core import Kernel
 from ...ir.text import print_kernel
 from ...layouts.weight_stream import LAYOUT_NAME, stream_layout
-from ...schedule import Gemm, Schedule, default_schedule
+from ...schedule import Gemm, Schedule, default_schedule, written_outputs
 from ..base import LayerKernel, Shipped, Target
 from .description import CUDA
 from .cpu_harness import CompiledCudaCPU, CudaCPUError, compile_cuda_cpu, find_compiler, refuse_unsupported
@@ -175,8 +175,7 @@ class CudaRuntime:
         `outputs` (part widths), writing the parts as separate outputs where the schedule's
         pipeline does (the weight stream: the decode's row counts), else one y."""
         schedule = cuda_schedule(fmt, m, k, n)
-        split = outputs if outputs and getattr(schedule.pipeline, "splits_outputs", False) else ()
-        gemm = cuda_gemm(fmt, activation, schedule, split)
+        gemm = cuda_gemm(fmt, activation, schedule, written_outputs(schedule, outputs))
         source = gemm.source
         scalars = {"M": m, "N": n, "K": k}
         grid, threadgroup = source.launch_dims(scalars)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir.core import Kernel
+from ..base import y_columns
 from .printer import DIMS_NAME, MetalSource, print_metal
 
 __all__ = ["MetalGemm", "MetalLaunch", "build_metal_kernel", "launch_source"]
@@ -70,16 +71,12 @@ class MetalGemm(_MlxKernel):
         tm, tn, _ = self.tile
         tiles = -(-m // tm) * -(-n // tn) if tm and tn else 0
         sizes = {"y": m * n, "partials": tiles * self.parallel * tm * tn, "counters": tiles}
-        sizes.update({f"y{i}": m * w for i, w in enumerate(self.widths(n))})
+        sizes.update({name: m * w for name, w in self.y_columns(n).items()})
         return {name: sizes[name] for name in self.source.output_names}
 
-    def widths(self, n: int) -> tuple[int, ...]:
-        """Columns of Y's parts (`Gemm.outputs`; () for one y), which must add up to N."""
-        widths = tuple(int(w) for w in self.attrs.get("outputs", ()))
-        if widths and sum(widths) != n:
-            raise ShapeError(f"weights: N={n}, but kernel {self.source.name} writes outputs of "
-                             f"{list(widths)} columns (N={sum(widths)})")
-        return widths
+    def y_columns(self, n: int) -> dict[str, int]:
+        """The outputs holding Y and their columns (`base.y_columns`: y, or Y's parts)."""
+        return y_columns(self.attrs, self.source.name, n, "weights")
 
     def __call__(self, weights: Any, x: Any) -> Any:
         """y = x @ W for x [M, K] (MLX or numpy); returns y [M, N]."""
@@ -105,13 +102,11 @@ class MetalGemm(_MlxKernel):
             inputs[name] = (mx.array(np.ascontiguousarray(arrays[name]).ravel())
                             if isinstance(arrays[name], np.ndarray) else arrays[name].reshape(-1))
         sizes = self.sizes(m, n, k)
-        widths = self.widths(n)
-        rows = {"y": n, **{f"y{i}": w for i, w in enumerate(widths)}}
-        shapes = {name: (m, rows[name]) if name in rows else (sizes[name],) for name in s.output_names}
+        cols = self.y_columns(n)
+        shapes = {name: (m, cols[name]) if name in cols else (sizes[name],) for name in s.output_names}
         outs = launch_source(s, self.kernel, inputs, shapes, scalars, init_value=0)
-        if widths:  # Y's parts side by side
-            return _mx().concatenate([outs[f"y{i}"] for i in range(len(widths))], axis=1)
-        return outs["y"]
+        parts = [outs[name] for name in cols]
+        return parts[0] if len(parts) == 1 else _mx().concatenate(parts, axis=1)  # Y's parts side by side
 
 
 def launch_source(source: MetalSource, kernel: Any, arrays: dict[str, Any],

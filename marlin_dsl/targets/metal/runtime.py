@@ -28,7 +28,7 @@ from ...errors import ScheduleError
 from ...formats import Format
 from ...formats.text import format_to_text
 from ...ir.core import Kernel
-from ...schedule import Gemm, Schedule, default_schedule
+from ...schedule import Gemm, Schedule, default_schedule, written_outputs
 from ..base import LayerKernel, Shipped, Target
 from .cpu_harness import CompiledMetal, compile_metal, find_compiler
 from .description import METAL, STREAM_LAYOUT
@@ -178,8 +178,7 @@ class MetalRuntime:
         with `outputs`, writing the parts where the schedule's pipeline does (the weight
         stream), else one y (a fused layer then splits it)."""
         schedule = stream_schedule(fmt, m, k, n)
-        split = outputs if outputs and schedule is not None and getattr(schedule.pipeline, "splits_outputs", False) else ()
-        module = metal_launcher(fmt, activation, schedule, split)
+        module = metal_launcher(fmt, activation, schedule, written_outputs(schedule, outputs))
         gx, gy, gz = module.threadgroups(m, n, k)
         return LayerKernel(module.kernel(), module.NAME, tuple(module.INPUT_NAMES), tuple(module.OUTPUT_NAMES),
                            (m, n, k), (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1),
