@@ -12,6 +12,7 @@ from marlin_dsl.activation.reference import sparsify_reference
 from marlin_dsl.activation.spec import METHODS, SparsifySpec
 from marlin_dsl.ir.numerics import round_to_activation
 from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
+from marlin_dsl.lowering.sparse_gemm_staged import LARGE, SMALL
 from marlin_dsl.lowering.sparsify import lower_sparsify
 from marlin_dsl.targets.cuda.cpu_harness import compile_many, cuda_cpu_executor, find_compiler
 
@@ -40,7 +41,7 @@ def activations(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
 def executor():
     """The sparsify kernels (relu2 + stats) and both sparse GEMMs, printed and compiled."""
     kernels = [lower_sparsify(s, "cuda") for s in SPECS]
-    gemms = {d: lower_sparse_gemm(d, "cuda") for d in ("f16", "bf16")}
+    gemms = {(d, t): lower_sparse_gemm(d, "cuda", t) for d in ("f16", "bf16") for t in (LARGE, SMALL)}
     every = kernels + list(gemms.values())
     builds = compile_many(every)
     return cuda_cpu_executor(seed=2, compiled={id(k): b for k, b in zip(every, builds)}), dict(zip(SPECS, kernels)), gemms
@@ -54,17 +55,20 @@ def test_sparsify_is_bit_exact(executor, spec: SparsifySpec) -> None:
         check_sparsify(spec, "cuda", activations(rng, shape), seed=11, execute=execute, kernel=kernels[spec])
 
 
+@pytest.mark.parametrize("tiles", [LARGE, SMALL], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("axis", [0, 1])
-def test_sparse_gemm_matches_float64(executor, dtype: str, axis: int) -> None:
+def test_sparse_gemm_matches_float64(executor, dtype: str, axis: int, tiles) -> None:
+    """Both block sizes of the staged kernel, on one block and on several (the last shape: 3
+    x 3 small or 2 x 3 large blocks, row and column tails in the last ones)."""
     execute, kernels, gemms = executor
     spec = SparsifySpec("top2", axis, dtype, True, True)
     rng = np.random.default_rng(7 + axis)
-    for p, length, n in GEMM_SHAPES:
+    for p, length, n in GEMM_SHAPES + [(150, 96, 300)]:
         x = activations(rng, (p, length) if axis == 1 else (length, p))
         b = rng.normal(size=(length, n)).astype(np.float32)
         out = run_sparsify(kernels[spec], spec, x, 9, execute)
-        y = run_sparse_gemm(gemms[dtype], out, b, dtype, execute)
+        y = run_sparse_gemm(gemms[dtype, tiles], out, b, dtype, execute)
         assert y.shape == (p, n) and np.isfinite(y).all(), (p, length, n)
         bh = np.asarray(round_to_activation(b, dtype), np.float64)
         dense = sparsify_reference(x, spec, 9).dense.astype(np.float64)

@@ -32,6 +32,7 @@ from marlin_dsl.targets.metal.printer import print_metal
 from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler, run_metal_cpu
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
+from marlin_dsl.lowering.sparse_gemm_staged import SMALL
 from marlin_dsl.lowering.sparsify import lower_sparsify
 from marlin_dsl.ir.numerics import round_to_activation
 from marlin_dsl.targets import CUDA
@@ -307,7 +308,7 @@ def test_idle_meta_is_a_valid_padding_word() -> None:
 @needs_nvcc
 def test_nvcc_compiles_sparsify_and_sparse_gemm(tmp_path) -> None:
     """The printed CUDA of sparsify kernels (with and without colz as an inout input) and of
-    both sparse GEMMs compiles with nvcc for sm_80 and sm_90."""
+    the sparse GEMM (both dtypes, both block sizes) compiles with nvcc for sm_80 and sm_90."""
     sources = [print_cuda(lower_sparsify(SparsifySpec("top2", 1, "f16"), "cuda")),
                print_cuda(lower_sparsify(SparsifySpec("mvue", 0, "bf16", True, True), "cuda"),
                           inout_inputs=("colz",)),
@@ -315,7 +316,8 @@ def test_nvcc_compiles_sparsify_and_sparse_gemm(tmp_path) -> None:
                print_cuda(lower_sparsify(SparsifySpec("soft_threshold", 0, "f16", False, True), "cuda"),
                           inout_inputs=("colz",)),
                print_cuda(lower_sparse_gemm("f16", "cuda")),
-               print_cuda(lower_sparse_gemm("bf16", "cuda"))]
+               print_cuda(lower_sparse_gemm("bf16", "cuda")),
+               print_cuda(lower_sparse_gemm("f16", "cuda", SMALL))]
     assert "colz" in sources[1].input_names and "colz" in sources[2].output_names
     results = nvcc_check(sources, archs=("sm_80", "sm_90"), jobs=2, cache_dir=tmp_path)
     failed = [r for r in results if not r.ok]

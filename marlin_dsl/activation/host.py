@@ -97,6 +97,21 @@ def pack_b_words(b: np.ndarray, dtype: str, target: str = "cuda") -> np.ndarray:
     return (bits[..., 0::2] | (bits[..., 1::2] << np.uint32(16))).ravel()
 
 
+def b_operand(b: np.ndarray, dtype: str, layout: ActivationLayout) -> dict[str, np.ndarray]:
+    """B [L, N]'s buffer for the layout's target's sparse GEMM (`sparse_gemm.b_buffer`): "bt",
+    B transposed with rows zero-padded to Lp (f16 as float16, bf16 as float32 holding bf16
+    values), or "bp", the scatter GEMM's fragment words."""
+    from ..lowering.sparse_gemm import b_buffer
+
+    name = b_buffer(layout.target)
+    if name == "bp":
+        return {name: pack_b_words(b, dtype, layout.target)}
+    held = np.asarray(round_to_activation(np.asarray(b, np.float32), dtype), np.float32)
+    bt = np.zeros((b.shape[1], layout.lp), np.float16 if dtype == "f16" else np.float32)
+    bt[:, :b.shape[0]] = held.T
+    return {name: bt.ravel()}
+
+
 def sparse_gemm_scalars(layout: ActivationLayout, n: int) -> dict[str, int]:
     """The launch scalars of the layout's target's sparse GEMM (`sparse_gemm.gemm_scalars`)."""
     return gemm_scalars(layout, n)
@@ -109,7 +124,7 @@ def run_sparse_gemm(kernel: Kernel, sparse: SparsifyOutput, b: np.ndarray, dtype
     if b.ndim != 2 or b.shape[0] != lay.length:
         raise SparsifyError(f"b: expected [{lay.length}, N] (the sparsified length first), got {b.shape}")
     n = b.shape[1]
-    buffers = {"values": sparse.values, "meta": sparse.meta, "bp": pack_b_words(b, dtype, lay.target),
+    buffers = {"values": sparse.values, "meta": sparse.meta, **b_operand(b, dtype, lay),
                "y": np.full(lay.p * n, np.nan, np.float16 if dtype == "f16" else np.float32)}
     out = execute(kernel, buffers, sparse_gemm_scalars(lay, n))
     return np.asarray(out["y"], np.float32).reshape(lay.p, n)

@@ -3,9 +3,11 @@ IR for a target and launched through its runtime (`TargetRuntime.kernel_launcher
 `mx.fast.cuda_kernel` on CUDA, `mx.fast.metal_kernel` on Metal).
 
 Same interface as the "mlx" backend (`ops._MLXBackend`): `sparsify(x, spec, seed, target)` and
-`sparse_matmul(s, b)`. The weights-side B operand is converted to the GEMM's fragment layout
-with MLX ops (pad, reshape, one gather derived from the target's lane table) on every call, so
-B may be an activation (a weight gradient's dY) as well as a weight.
+`sparse_matmul(s, b)`. On the sparse MMA (CUDA) the kernel reads B^T as it is stored: a
+layer's weight passed as `w.T` is read in place, a row-major B (a weight gradient's dY) is
+transposed by MLX once (`_b_operand`). The scatter GEMM (Metal) takes B in its fragment layout,
+converted with MLX ops (pad, reshape, one gather derived from the target's lane table) on
+every call.
 
 A target with no sparse MMA (Metal) runs seed 000's software scatter into its dense MMA
 (`lowering/sparse_gemm_scatter.py`), launched the same way; B's fragment order then carries
@@ -27,7 +29,8 @@ import numpy as np
 from ..targets.base import KernelLaunch
 from ..targets.runtimes import RUNTIMES, runtime_for
 from ..ir import Kernel
-from ..lowering.sparse_gemm import b_lane_order, gemm_scalars, has_sparse_gemm, lower_sparse_gemm
+from ..lowering.sparse_gemm import (LARGE, SparseGemmTiles, b_buffer, b_lane_order, choose_tiles, gemm_scalars, has_sparse_gemm,
+                                    has_sparse_mma, lower_sparse_gemm)
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
 from .operand import SparseActivation
@@ -53,8 +56,8 @@ def _sparsify_launch(spec: SparsifySpec, target: str) -> KernelLaunch:
 
 
 @lru_cache(maxsize=None)
-def _gemm_launch(dtype: str, target: str) -> KernelLaunch:
-    return _launch(lower_sparse_gemm(dtype, target), target)
+def _gemm_launch(dtype: str, target: str, tiles: SparseGemmTiles = LARGE) -> KernelLaunch:
+    return _launch(lower_sparse_gemm(dtype, target, tiles), target)
 
 
 @dataclass(frozen=True)
@@ -137,18 +140,37 @@ def pack_b_mx(b: mx.array, target: str) -> mx.array:
     return mx.view(mx.contiguous(frag).reshape(-1), mx.uint32)
 
 
-def sparse_matmul(s: Any, b: mx.array, *, init_value: float | None = None) -> mx.array:
+def _b_operand(b: mx.array, layout: ActivationLayout) -> dict[str, mx.array]:
+    """B [L, N]'s buffer for the target's sparse GEMM (`sparse_gemm.b_buffer`). "bt" is B^T:
+    for a layer's weight passed as `w.T` that is `w` itself, which the kernel reads where it is
+    (no copy); a row-major B is transposed by MLX once (its launch needs row-contiguous
+    inputs). Rows are zero-padded to whole K tiles only where L is not."""
+    name = b_buffer(layout.target)
+    if name == "bp":
+        return {name: pack_b_mx(b, layout.target)}
+    bt = b.T
+    if layout.lp != layout.length:
+        bt = mx.pad(bt, [(0, 0), (0, layout.lp - layout.length)])
+    return {name: bt}
+
+
+def sparse_matmul(s: Any, b: mx.array, *, init_value: float | None = None,
+                  tiles: SparseGemmTiles | None = None) -> mx.array:
     """C = S @ B [P, N] by the target's sparse GEMM kernel: the sparse MMA (CUDA) or the
     software scatter into the dense MMA (Metal). `init_value` pre-fills C (checks pass NaN to
-    see unwritten elements; MLX leaves C uninitialised by default, every element is written)."""
+    see unwritten elements; MLX leaves C uninitialised by default, every element is written).
+    `tiles` overrides the sparse MMA kernel's block (`choose_tiles`; benchmarks sweep it)."""
     layout: ActivationLayout = s.layout.layout
     if b.dtype != _MX_DTYPE[s.spec.dtype]:
         b = b.astype(_MX_DTYPE[s.spec.dtype])
     if not has_sparse_gemm(s.backend):  # not reached for the registered targets
         raise SparsifyError(f"backend {s.backend!r}: no sparse activation GEMM lowers for this target")
     n = int(b.shape[1])
-    got = _gemm_launch(s.spec.dtype, s.backend)({"values": s.values, "meta": s.metadata,
-                                                 "bp": pack_b_mx(b, s.backend)},
-                                                {"y": (layout.p, n)}, gemm_scalars(layout, n),
-                                                init_value=init_value)
+    # The sparse MMA's kernel comes in block sizes (`choose_tiles`); the scatter GEMM in one.
+    if tiles is None:
+        tiles = choose_tiles(layout.p, n) if has_sparse_mma(s.backend) else LARGE
+    got = _gemm_launch(s.spec.dtype, s.backend, tiles)({"values": s.values, "meta": s.metadata,
+                                                        **_b_operand(b, layout)},
+                                                       {"y": (layout.p, n)}, gemm_scalars(layout, n),
+                                                       init_value=init_value)
     return got["y"]
