@@ -18,7 +18,8 @@ import numpy as np
 from marlin_dsl.targets.metal.cpu_harness import CompiledMetal, compile_metal
 from marlin_dsl.targets.metal.printer import MetalSource
 
-_STORE = {"uint32_t": np.uint32, "float16_t": np.float16, "bfloat16_t": np.float32, "float": np.float32}
+_STORE = {"uint32_t": np.uint32, "float16_t": np.float16, "bfloat16_t": np.float32, "float": np.float32,
+          "bool": np.bool_}
 
 
 class MetalStandIn:
@@ -53,7 +54,7 @@ class MetalStandIn:
             for nm, shape in zip(output_names, output_shapes):
                 store = _STORE[src.dtypes[nm]]
                 fill = 0xFFFFFFFF if init_value is None and store == np.uint32 else (
-                    np.nan if init_value is None else init_value)
+                    True if store == np.bool_ else np.nan if init_value is None else init_value)
                 buffers[nm] = np.full(int(np.prod(shape)), fill, store)
             out = cpu.run(buffers, dict(zip(src.scalar_names, dims)),
                           (grid[0] // threadgroup[0], grid[1], grid[2]), threadgroup[0], seed=self.seed)

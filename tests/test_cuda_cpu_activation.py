@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
     find_compiler() is None,
     reason="no C++ compiler (g++ / $CXX): the CUDA CPU harness compiles the printed CUDA as C++20")
 
-SPECS = [SparsifySpec(m, a, d, True, True) for m in METHODS for a in (0, 1) for d in ("f16", "bf16")]
+SPECS = [SparsifySpec(m, a, d, True, True) for m in METHODS for a in (0, 1) for d in ("f16", "bf16")] + [
+    SparsifySpec("top2", 1, "f16", True, True, dense=True), SparsifySpec("soft_threshold", 0, "bf16", True, True, dense=True)]
 #: (rows, length, N): rows and lengths that are not multiples of 4 or 32, N tails
 GEMM_SHAPES = [(1, 37, 9), (3, 64, 130), (65, 45, 9), (65, 130, 130)]
 

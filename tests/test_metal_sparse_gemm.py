@@ -206,8 +206,8 @@ def test_wrong_a_lane_table_is_caught_by_the_harness(monkeypatch: pytest.MonkeyP
 
 # ----- the launch through mx.fast.metal_kernel -------------------------------------------------
 
-_SPECS = {s.name: s for s in (SparsifySpec(m, a, d, r, r) for m in ("top2", "mvue") for a in (0, 1)
-                              for d in DTYPES for r in (False, True))}
+_SPECS = {s.name: s for s in (SparsifySpec(m, a, d, r, r, dense=dense) for m in ("top2", "mvue") for a in (0, 1)
+                              for d in DTYPES for r in (False, True) for dense in (False, True))}
 
 
 def _expected(name: str) -> Any:
@@ -287,7 +287,8 @@ def test_sparse_ffn_on_metal_against_mlx_ops(metal: MetalStandIn) -> None:
     assert check.ok, check.summary()
     assert np.all(np.abs(_f32(y["metal"]) - _f32(y["mlx"])) <= ulp(s64 @ w64, "f16"))
     names = {launch["name"] for launch in metal.launches}
-    assert names == {"relu2_stats_sparsify_mvue_axis1_f16", "sparse_act_gemm_f16"}
+    # the FFN's sparsify also writes S's dense form and kept mask (compared above with MLX's)
+    assert names == {"relu2_stats_dense_sparsify_mvue_axis1_f16", "sparse_act_gemm_f16"}
     grads = {b: ffn_backward(cache[b], x, w1, w2, dy, cfg[b]) for b in cfg}
     # the split dW2 launched the axis-0 sparsify and the GEMM; nothing else passes through it
     assert len(metal.named("sparsify_mvue_axis0_f16")) == 1 and len(metal.named("sparse_act_gemm_f16")) == 2

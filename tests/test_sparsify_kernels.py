@@ -80,15 +80,19 @@ def _rng(*key) -> np.random.Generator:
 
 # ----- 1. interpreter, both targets, bit exact -----------------------------------------------
 
-@pytest.mark.parametrize("relu2,stats", FLAGS, ids=["plain", "relu2_stats"])
+@pytest.mark.parametrize("relu2,stats,dense", [(False, False, False), (True, True, False), (True, True, True),
+                                               (False, False, True)],
+                         ids=["plain", "relu2_stats", "relu2_stats_dense", "dense"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis", AXES)
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("target", TARGETS)
-def test_interpreter_bit_exact(target: str, method: str, axis: int, dtype: str, relu2: bool, stats: bool) -> None:
+def test_interpreter_bit_exact(target: str, method: str, axis: int, dtype: str, relu2: bool, stats: bool,
+                               dense: bool) -> None:
     """The lowered kernel on the IR interpreter equals the reference bit for bit (operand,
-    every nibble including padding's, every physical word, column zero counts) on odd shapes."""
-    spec = SparsifySpec(method, axis, dtype, relu2, stats)
+    every nibble including padding's, every physical word, column zero counts, and with
+    `dense` the dense S and kept mask it writes, NaN- and True-poisoned) on odd shapes."""
+    spec = SparsifySpec(method, axis, dtype, relu2, stats, dense=dense)
     kernel = lower_sparsify(spec, target)
     assert kernel.attrs["layout"] == ("cuda_mma_sp" if target == "cuda" else "row_major")
     rng = _rng("interp", target, method, axis, dtype, relu2)
@@ -98,12 +102,14 @@ def test_interpreter_bit_exact(target: str, method: str, axis: int, dtype: str, 
 
 # ----- 2. Metal CPU harness ------------------------------------------------------------------
 
-METAL_SPECS = [SparsifySpec(m, a, d, True, True) for m in METHODS for a in AXES for d in DTYPES]
+METAL_SPECS = [SparsifySpec(m, a, d, True, True) for m in METHODS for a in AXES for d in DTYPES] + [
+    SparsifySpec("top2", 1, "f16", True, True, dense=True), SparsifySpec("mvue", 0, "bf16", True, True, dense=True)]
 
 
 @pytest.fixture(scope="module")
 def metal_compiled():
-    """The 12 relu2+stats sparsify kernels lowered for Metal, printed and compiled (2 jobs)."""
+    """The 12 relu2+stats sparsify kernels (and 2 writing dense S) lowered for Metal, printed
+    and compiled (2 jobs)."""
     kernels = [lower_sparsify(s, "metal") for s in METAL_SPECS]
     return dict(zip(METAL_SPECS, zip(kernels, compile_many(kernels, jobs=2))))
 
@@ -313,6 +319,7 @@ def test_nvcc_compiles_sparsify_and_sparse_gemm(tmp_path) -> None:
                print_cuda(lower_sparsify(SparsifySpec("mvue", 0, "bf16", True, True), "cuda"),
                           inout_inputs=("colz",)),
                print_cuda(lower_sparsify(SparsifySpec("soft_threshold", 1, "bf16", True, True), "cuda")),
+               print_cuda(lower_sparsify(SparsifySpec("top2", 1, "f16", True, True, dense=True), "cuda")),
                print_cuda(lower_sparsify(SparsifySpec("soft_threshold", 0, "f16", False, True), "cuda"),
                           inout_inputs=("colz",)),
                print_cuda(lower_sparse_gemm("f16", "cuda")),
@@ -351,8 +358,8 @@ def test_printing_is_deterministic(spec: SparsifySpec) -> None:
 def test_kernel_names_are_distinct() -> None:
     """Every distinct spec (method x axis x dtype x relu2 x stats) gives a distinct kernel name,
     and the names are what the lowered kernels are called."""
-    names = [s.name for s in ALL_SPECS]
-    assert len(set(names)) == len(ALL_SPECS) == 48
+    names = [s.name for s in ALL_SPECS] + [SparsifySpec("top2", 1, "f16", True, True, dense=True).name]
+    assert len(set(names)) == len(ALL_SPECS) + 1 == 49
     for s in ALL_SPECS[::7]:
         assert lower_sparsify(s, "cuda").name == s.name == lower_sparsify(s, "metal").name
     assert lower_sparse_gemm("f16").name != lower_sparse_gemm("bf16").name
@@ -389,7 +396,7 @@ def test_mvue_seeds(target: str) -> None:
     (dict(axis=2), "axis"), (dict(axis=-1), "axis"), (dict(axis=True), "axis"),
     (dict(dtype="f32"), "dtype"), (dict(dtype="float16"), "dtype"),
     (dict(n=1), "2:4"), (dict(m=8), "2:4"), (dict(n=4, m=8), "2:4"),
-    (dict(relu2=1), "relu2"), (dict(stats="yes"), "stats"),
+    (dict(relu2=1), "relu2"), (dict(stats="yes"), "stats"), (dict(dense=1), "dense"),
 ])
 def test_spec_errors_name_the_field(kwargs: dict, field: str) -> None:
     """A bad SparsifySpec field raises SparsifyError naming it."""

@@ -114,7 +114,10 @@ def ffn_forward(x: mx.array, w1: mx.array, b1: mx.array | None, w2: mx.array,
     h = mx.matmul(x, w1.T)
     if b1 is not None:
         h = h + b1
-    spec = SparsifySpec(cfg.method, axis=1, dtype=_DTYPES[x.dtype], relu2=True, stats=True)
+    # dense: the kernel also writes S's dense form and kept mask, which the backward reads
+    # (decoding them from the physical layout with MLX gathers took 5.1 ms at T = 8192,
+    # hidden 14336 on the H100, more than the forward's GEMMs: bench/results/issue15_h100_2026-11-27d)
+    spec = SparsifySpec(cfg.method, axis=1, dtype=_DTYPES[x.dtype], relu2=True, stats=True, dense=True)
     s = ops.sparsify(h, spec, cfg.seed, cfg.backend)
     y = ops.sparse_matmul(s, w2.T)
     if b2 is not None:

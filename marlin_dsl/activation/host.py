@@ -31,6 +31,8 @@ class SparsifyOutput:
     values: np.ndarray
     meta: np.ndarray
     col_zeros: np.ndarray | None
+    dense: np.ndarray | None = None   # [P, L] float32 (spec.dense): S's logical form
+    mask: np.ndarray | None = None    # [P, L] bool (spec.dense): its kept positions
 
 
 def sparsify_buffers(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int
@@ -47,6 +49,10 @@ def sparsify_buffers(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: in
                "meta": np.full(layout.meta_words, 0xFFFFFFFF, np.uint32)}
     if spec.stats:
         buffers["colz"] = np.zeros(x.shape[1], np.uint32)
+    if spec.dense:  # NaN and True: an element the kernel missed shows
+        size = layout.p * layout.length
+        buffers["dense"] = np.full(size, np.nan, np.float16 if spec.dtype == "f16" else np.float32)
+        buffers["mask"] = np.ones(size, np.bool_)
     scalars = launch_scalars(spec, layout, x.shape, int(mvue_key(seed)))
     return buffers, scalars, layout
 
@@ -54,14 +60,18 @@ def sparsify_buffers(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: in
 def run_sparsify(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int, execute: Executor) -> SparsifyOutput:
     buffers, scalars, layout = sparsify_buffers(kernel, spec, x, seed)
     out = execute(kernel, buffers, scalars)
+    shape = (layout.p, layout.length)
+    dense = np.asarray(out["dense"], np.float32).reshape(shape) if spec.dense else None
+    mask = np.asarray(out["mask"], np.bool_).reshape(shape) if spec.dense else None
     return SparsifyOutput(layout, np.asarray(out["values"], np.uint32), np.asarray(out["meta"], np.uint32),
-                          np.asarray(out["colz"], np.uint32) if spec.stats else None)
+                          np.asarray(out["colz"], np.uint32) if spec.stats else None, dense, mask)
 
 
 def check_sparsify(spec: SparsifySpec, target: str, x: np.ndarray, seed: int, execute: Executor,
                    kernel: Kernel | None = None) -> SparsifyOutput:
     """Run the kernel on `execute` and require bit-exact agreement with the reference: the
-    decoded operand, every metadata nibble (including the padding's) and the column counts."""
+    decoded operand, every metadata nibble (including the padding's), the column counts and
+    (spec.dense) the dense S and kept mask the kernel wrote."""
     kernel = kernel or lower_sparsify(spec, target)
     got = run_sparsify(kernel, spec, x, seed, execute)
     ref = sparsify_reference(x, spec, seed)
@@ -82,6 +92,13 @@ def check_sparsify(spec: SparsifySpec, target: str, x: np.ndarray, seed: int, ex
     if spec.stats and not np.array_equal(got.col_zeros, ref.col_zeros):
         bad = np.flatnonzero(got.col_zeros != ref.col_zeros)[0]
         raise AssertionError(f"{where}: zero count of column {bad}: {got.col_zeros[bad]}, reference {ref.col_zeros[bad]}")
+    if spec.dense:
+        want_mask = ref.kept_mask()
+        for name, value, want in (("dense S", got.dense, ref.dense), ("kept mask", got.mask, want_mask)):
+            if not np.array_equal(value, want):  # NaN (unwritten) never equals
+                bad = np.argwhere(~(value == want))[0]
+                raise AssertionError(f"{where}: {name}[{bad[0]}, {bad[1]}] = {value[tuple(bad)]}, "
+                                     f"reference {want[tuple(bad)]}")
     return got
 
 

@@ -111,6 +111,8 @@ def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_va
     launch = _sparsify_launch(spec, target)
     scalars = launch_scalars(spec, layout, shape, int(mvue_key(seed)))
     outs = {"values": (layout.value_words,), "meta": (layout.meta_words,), "colz": (shape[1],)}
+    if spec.dense:
+        outs |= {"dense": (layout.p, layout.length), "mask": (layout.p, layout.length)}
     got = launch({"x": x}, outs, scalars, init_value=float(init_value))
     col_zeros = got.get("colz")
     if col_zeros is not None and init_value:
@@ -121,7 +123,8 @@ def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_va
         activation = (r * r).astype(x.dtype)
     return SparseActivation(spec, seed, shape, (layout.p, layout.length), activation,
                             col_zeros, backend=target, values=got["values"], metadata=got["meta"],
-                            layout=BoundLayout(layout, spec.dtype))
+                            layout=BoundLayout(layout, spec.dtype), dense=got.get("dense"),
+                            mask=got.get("mask"))
 
 
 @lru_cache(maxsize=8)

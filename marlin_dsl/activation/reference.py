@@ -77,6 +77,15 @@ class SparseResult:
     #: the nibble of an all-zero group (the padding's): 0b0100 (top2, soft), 0b1000 (mvue)
     pad_nibble: int = 0b0100
 
+    def kept_mask(self) -> np.ndarray:
+        """[P, L] bool: the positions S keeps (a kept value may be 0), from the indices."""
+        p, groups = self.indices.shape[:2]
+        kept = np.zeros((p, groups, 4), np.bool_)
+        rows, cols = np.indices((p, groups))
+        for slot in (0, 1):
+            kept[rows, cols, self.indices[..., slot]] = True
+        return kept.reshape(p, 4 * groups)[:, :self.dense.shape[1]]
+
     @property
     def nibbles(self) -> np.ndarray:
         """[P, L4 / 4] uint8 metadata fields idx0 | idx1 << 2 (the mma.sp ordering)."""

@@ -16,7 +16,9 @@ of X^T @ G, as in a weight gradient). Each group keeps `n` = 2 values, chosen by
 
 The sparse operand is S = X (axis 1) or X^T (axis 0), [P, L] with L the sparsified length.
 `relu2` fuses X = relu(H)^2 in front (H is what the kernel reads); `stats` counts, per column
-of the matrix read, the zeros of X (the per-feature sparsity the split-GEMM chooses columns by).
+of the matrix read, the zeros of X (the per-feature sparsity the split-GEMM chooses columns by);
+`dense` also writes S's logical form, S [P, L] with the dropped entries 0 and its kept mask
+(what a backward pass reads), so that nobody decodes the physical layout for it.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class SparsifySpec:
     stats: bool = False
     n: int = 2
     m: int = 4
+    dense: bool = field(default=False, kw_only=True)
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -64,7 +67,7 @@ class SparsifySpec:
             # The MVUE pairing, the metadata nibble and both targets' sparse MMA are 2:4.
             raise SparsifyError(f"SparsifySpec: only 2:4 is supported (the targets' sparse MMA "
                                 f"is 2:4), got {self.n}:{self.m}", self.location)
-        for name in ("relu2", "stats"):
+        for name in ("relu2", "stats", "dense"):
             if not isinstance(getattr(self, name), bool):
                 raise SparsifyError(f"SparsifySpec: {name} must be True or False, got "
                                     f"{getattr(self, name)!r}", self.location)
@@ -72,6 +75,6 @@ class SparsifySpec:
     @property
     def name(self) -> str:
         """A kernel name that says what the kernel does."""
-        parts = ["relu2" if self.relu2 else "", "stats" if self.stats else "",
+        parts = ["relu2" if self.relu2 else "", "stats" if self.stats else "", "dense" if self.dense else "",
                  f"sparsify_{self.method}_axis{self.axis}_{self.dtype}"]
         return "_".join(p for p in parts if p)

@@ -6,8 +6,10 @@ tiles along X's rows, so that the per-column zero counts (`stats`) stay in regis
 published with one atomic add per column per thread. Per group it loads 4 elements (zero past
 the edges: the padding rule), optionally applies ReLU^2, selects two by the spec's method in
 float32 exactly as `activation/reference.py` does, and stores the pair as one u32 word plus
-its nibble into the unit's metadata word. Everything target specific is the layout's index
-maps; the printers see ordinary IR.
+its nibble into the unit's metadata word. With `dense` it also stores the group's four
+elements of S [P, L] row-major (the kept values, 0 elsewhere) and of the kept mask: a group
+is 4 consecutive elements of an S row whichever the axis. Everything target specific is the
+layout's index maps; the printers see ordinary IR.
 
 Launch scalars: R, C (X's shape), P, L (S's shape), KT, MT (the layout's K and row tiles),
 HALF_L4 (pairs per S row, for the MVUE counter), KEY (lowbias32 of the MVUE seed), TASKS
@@ -124,6 +126,8 @@ class _SparsifyLowering(Emitter):
                    BufferParam("meta", U32, "write")]
         if spec.stats:
             buffers.append(BufferParam("colz", U32, "readwrite"))
+        if spec.dense:
+            buffers += [BufferParam("dense", self.act, "write"), BufferParam("mask", BOOL, "write")]
         tables = []
         if self.layout.fragment_order:
             tables = [ConstTable("value_pair", U32, tuple(int(v) for v in self.layout.value_pair_table.ravel())),
@@ -134,7 +138,7 @@ class _SparsifyLowering(Emitter):
             scalars=SCALARS, tables=tables,
             attrs={"target": self.target.name, "kind": "sparsify", "method": spec.method,
                    "axis": spec.axis, "activation": spec.dtype, "relu2": int(spec.relu2),
-                   "stats": int(spec.stats), "layout": self.layout.kind})
+                   "stats": int(spec.stats), "dense": int(spec.dense), "layout": self.layout.kind})
 
     # ----- one unit: two rows x four groups ---------------------------------------------------
 
@@ -168,6 +172,10 @@ class _SparsifyLowering(Emitter):
                                      self.op2("div", self.op2("add", col0, 4 * j, hint="pi"), 2, hint="pi"), hint="pi")
                 v0, v1, nibble = self.select_group(xs, pair_index)
                 self.store_pair(mt, kt, rowsel, j, v0, v1)
+                if spec.dense:
+                    first = self.op2("mul", srow, s["L"], hint="di")
+                    self.store_dense(self.op2("add", first, self.op2("add", col0, 4 * j, hint="di"), hint="di"),
+                                     oks, v0, v1, nibble)
                 word = self.op2("or", word, self.op2("shl", nibble, 16 * rowsel + 4 * j, hint="nb"), hint="mw")
         self.store_meta(mt, kt, word)
         return counts
@@ -238,6 +246,18 @@ class _SparsifyLowering(Emitter):
             col = self.op2("add", self.op2("mul", kt, 8, hint="vc"), c, hint="vc")
             idx = self.op2("add", self.op2("mul", row, self.op2("mul", self.s["KT"], 8, hint="ld"), hint="vi"), col, hint="vi")
         b.store("values", idx, word)
+
+    def store_dense(self, first: Value, oks: list[Value], v0: Value, v1: Value, nibble: Value) -> None:
+        """S's group at row-major index `first` (4 elements, each where it exists): position i
+        holds v0 where idx0 = i, v1 where idx1 = i, else 0; the mask says which are kept."""
+        b = self.b
+        idx0, idx1 = self.op2("and", nibble, 3, hint="k0"), self.op2("shr", nibble, 2, hint="k1")
+        for i in range(4):
+            is0, is1 = self.op2("eq", idx0, i, hint="k0"), self.op2("eq", idx1, i, hint="k1")
+            value = self.sel(is0, v0, self.sel(is1, v1, self.f(0.0), hint="dv"), hint="dv")
+            at = self.op2("add", first, i, hint="di") if i else first
+            b.store("dense", at, b.cast(value, self.act, hint="dv"), oks[i])
+            b.store("mask", at, self.op2("or", is0, is1, hint="km"), oks[i])
 
     def store_meta(self, mt: Value, kt: Value, word: Value) -> None:
         b = self.b
