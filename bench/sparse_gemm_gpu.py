@@ -8,6 +8,8 @@ bench/README.md ("GPU correctness").
                                                           per block size, against mx.matmul
   python3 bench/sparse_gemm_gpu.py ffn                    the FFN's forward + backward, dense and
                                                           sparse, and each of the sparse one's parts
+  python3 bench/sparse_gemm_gpu.py profile [--tiles ...]  two launches a block at the forward's
+                                                          shape, to run under ncu
 
 `--tiles` names blocks as tile_m x tile_n x warps_m x warps_n x stages (e.g. 128x256x2x4x4);
 the default sweeps a few around the tuned ones. `--out FILE` writes the rows as JSON (device,
@@ -71,17 +73,30 @@ def activations(rng, shape: tuple[int, int], dtype: str) -> mx.array:
     return mx.array(x).astype(MX[dtype])
 
 
-def run_check(tiles: list[SparseGemmTiles]) -> list[dict]:
+def run_check(tiles: list[SparseGemmTiles], small: bool = False) -> list[dict]:
     rng = np.random.default_rng(5)
     rows, failed = [], 0
     shapes = [(1, 37, 9), (3, 64, 130), (65, 130, 130), (150, 96, 300), (300, 1000, 520), (1029, 2080, 777)]
+    if small:  # under compute-sanitizer
+        shapes = shapes[:4]
     for dtype in ("f16", "bf16"):
         for axis in (1, 0):
-            spec = SparsifySpec("top2" if axis else "mvue", axis, dtype, relu2=axis == 1, stats=axis == 1)
+            # axis 1 as the FFN's forward: the kernel also writes dense S and its kept mask,
+            # checked against the physical layout's own decoder
+            spec = SparsifySpec("top2" if axis else "mvue", axis, dtype, relu2=axis == 1, stats=axis == 1,
+                                dense=axis == 1)
             for p, length, n in shapes:
                 x = activations(rng, (p, length) if axis == 1 else (length, p), dtype)
                 b = mx.array(rng.standard_normal((length, n)).astype(np.float32)).astype(MX[dtype])
                 s = kernels.sparsify(x, spec, 3, "cuda")
+                if spec.dense:
+                    decoded, kept = s.layout.decode_mx(s.values, s.metadata)
+                    same = bool(mx.array_equal(decoded, s.dense).item()) and bool(mx.array_equal(kept, s.mask).item())
+                    failed += not same
+                    rows.append({"dtype": dtype, "axis": axis, "shape": [p, length], "what": "dense S and mask",
+                                 "ok": same})
+                    print(f"{'PASS' if same else 'FAIL'} {dtype} P={p} L={length}: the kernel's dense S and "
+                          f"kept mask equal the layout's decode", flush=True)
                 dense = np.array(s.dense_operand().astype(mx.float32), np.float64)
                 want = dense @ np.array(b.astype(mx.float32), np.float64)
                 for t in tiles:
@@ -133,6 +148,18 @@ def run_time(tiles: list[SparseGemmTiles], tokens: int, hidden: int, dims: int, 
     return rows
 
 
+def run_profile(tiles: list[SparseGemmTiles], tokens: int, hidden: int, dims: int, dtype: str) -> list[dict]:
+    """Two launches per block at the forward's shape (the second is the one to profile:
+    `ncu --kernel-name regex:sparse_act_gemm --launch-skip 1`)."""
+    rng = np.random.default_rng(0)
+    s = kernels.sparsify(activations(rng, (tokens, hidden), dtype), SparsifySpec("top2", 1, dtype, relu2=True), 1, "cuda")
+    b = mx.array(rng.standard_normal((dims, hidden)).astype(np.float32) / 64).astype(MX[dtype]).T
+    for t in tiles:
+        for _ in range(2):
+            mx.eval(kernels.sparse_matmul(s, b, tiles=t))
+    return [{"tiles": t.name} for t in tiles]
+
+
 def run_ffn(tokens: int, hidden: int, dims: int, dtype: str) -> list[dict]:
     """fwd + bwd of the FFN (dense, sparse top2 with dW2 split / dense), and the sparse one's parts."""
     rng = np.random.default_rng(1)
@@ -175,6 +202,24 @@ def run_ffn(tokens: int, hidden: int, dims: int, dtype: str) -> list[dict]:
     n_sparse = ops.sparse_column_count(hidden, 0.95)
     out["part_dw2_split"] = timed(lambda: ops.split_matmul_by_rank(cache.s, dy, cache.col_zeros, n_sparse, "mvue", 7, "cuda"))
     out["part_dw2_dense"] = timed(lambda: mx.matmul(dy.T, cache.s))
+    # the split's own parts
+    order = ops.most_sparse_columns(cache.col_zeros, n_sparse, tokens)
+    mx.eval(order)
+    out["split_order"] = timed(lambda: ops.most_sparse_columns(cache.col_zeros, n_sparse, tokens))
+    gathered = mx.take(cache.s, order[:n_sparse], axis=1)
+    mx.eval(gathered)
+    out["split_gather_columns"] = timed(lambda: mx.take(cache.s, order[:n_sparse], axis=1))
+    spec0 = SparsifySpec("mvue", axis=0, dtype=dtype)
+    s0 = ops.sparsify(gathered, spec0, 7, "cuda")
+    mx.eval(s0.values, s0.metadata)
+    out["split_sparsify_axis0"] = timed(lambda: ops.sparsify(gathered, spec0, 7, "cuda").values)
+    out["split_sparse_gemm"] = timed(lambda: ops.sparse_matmul(s0, dy))
+    rest = mx.take(cache.s, order[n_sparse:], axis=1)
+    mx.eval(rest)
+    out["split_dense_rest"] = timed(lambda: mx.matmul(rest.T, dy))
+    parts = [ops.sparse_matmul(s0, dy), mx.matmul(rest.T, dy)]
+    mx.eval(parts)
+    out["split_scatter_rows"] = timed(lambda: mx.take(mx.concatenate(parts, axis=0), mx.argsort(order), axis=0))
     dh = ds * cache.mask.astype(ds.dtype) * (2 * mx.maximum(cache.h, 0))
     mx.eval(dh)
     out["part_dx_gemm"] = timed(lambda: mx.matmul(dh, w1))
@@ -191,8 +236,9 @@ def run_ffn(tokens: int, hidden: int, dims: int, dtype: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("check", "time", "ffn"))
+    ap.add_argument("mode", choices=("check", "time", "ffn", "profile"))
     ap.add_argument("--tiles", default=None)
+    ap.add_argument("--small", action="store_true", help="check: the 4 small shapes only (compute-sanitizer)")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=14336)
     ap.add_argument("--dims", type=int, default=4096)
@@ -200,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.mode == "check":
-        rows = run_check(parse_tiles(a.tiles))
+        rows = run_check(parse_tiles(a.tiles), a.small)
+    elif a.mode == "profile":  # one launch per block at the forward's shape, for ncu
+        rows = run_profile(parse_tiles(a.tiles), a.tokens, a.hidden, a.dims, a.dtype)
     elif a.mode == "time":
         rows = run_time(parse_tiles(a.tiles), a.tokens, a.hidden, a.dims, a.dtype)
     else:

@@ -14,7 +14,7 @@ from marlin_dsl.activation.host import b_operand
 from marlin_dsl.errors import CompileError
 from marlin_dsl.layouts.sparse_activation import ActivationLayout
 from marlin_dsl.lowering.sparse_gemm import b_buffer, gemm_scalars, lower_sparse_gemm
-from marlin_dsl.lowering.sparse_gemm_staged import (B_ROW, LARGE, SMALL, SparseGemmTiles, StagedSparseGemm,
+from marlin_dsl.lowering.sparse_gemm_staged import (LARGE, SMALL, SparseGemmTiles, StagedSparseGemm,
                                                    b_offsets, choose_tiles)
 from marlin_dsl.targets import CUDA
 
@@ -28,15 +28,18 @@ def test_choose_tiles_fills_the_gpu() -> None:
     assert choose_tiles(2048, 1152) == LARGE            # 16 x 9 = 144
 
 
-def test_b_offsets_follow_the_lane_table() -> None:
+@pytest.mark.parametrize("k_tiles", [1, 2, 4])
+def test_b_offsets_follow_the_lane_table(k_tiles: int) -> None:
     """Register r of lane l holds B[k][n] and B[k + 1][n] with (k, n) the lane table's
-    element 2r: its offset in the staged rows of B^T is n * B_ROW + k."""
+    element 2r: its offset in the staged rows of B^T is n * b_row + k."""
+    b_row = SparseGemmTiles(128, 128, 2, 2, 3, k_tiles).b_row
+    assert b_row == 32 * k_tiles + 8
     k, n = CUDA.lane_elements("b", 32, 8)
-    off = b_offsets(CUDA)
+    off = b_offsets(CUDA, b_row)
     assert off.shape == (32, 4)
     for lane in (0, 5, 31):
         for r in range(4):
-            assert off[lane, r] == n[lane, 2 * r] * B_ROW + k[lane, 2 * r]
+            assert off[lane, r] == n[lane, 2 * r] * b_row + k[lane, 2 * r]
     # conflict-free: for each register the 32 lanes' words fall in 32 different banks
     for r in range(4):
         assert len({(int(o) // 2) % 32 for o in off[:, r]}) == 32
@@ -50,10 +53,10 @@ def test_b_offsets_refuse_a_table_without_k_pairs() -> None:
     object.__setattr__(odd, "lane_elements",  # a frozen description: shadow the method on this one
                        lambda role, rows, cols: (swapped, n) if role == "b" else CUDA.lane_elements(role, rows, cols))
     with pytest.raises(CompileError, match="not pairs of adjacent K"):
-        b_offsets(odd)
+        b_offsets(odd, 40)
 
 
-@pytest.mark.parametrize("bad", [dict(tile_m=96), dict(tile_n=60), dict(stages=1), dict(warps_m=3)])
+@pytest.mark.parametrize("bad", [dict(tile_m=96), dict(tile_n=60), dict(stages=1), dict(warps_m=3), dict(k_tiles=3)])
 def test_tiles_refuse_partial_warps_and_one_stage(bad) -> None:
     fields = dict(tile_m=128, tile_n=128, warps_m=2, warps_n=2, stages=3) | bad
     with pytest.raises(CompileError, match="sparse GEMM tiles"):
@@ -73,7 +76,7 @@ def test_kernel_declares_its_block() -> None:
     assert k.attrs["tile"] == [64, 128, 32] and k.attrs["stages"] == 4
     assert [b.name for b in k.buffers] == ["values", "meta", "bt", "y"]
     # stages x (A values + metadata words) * 4 bytes + stages x B rows * 2 bytes
-    assert k.shared_bytes == 4 * (4 * 4 * 128 + 4 * 2 * 32) + 2 * 4 * 128 * B_ROW
+    assert k.shared_bytes == 4 * (4 * 4 * 128 + 4 * 2 * 32) + 2 * 4 * 128 * SMALL.b_row
 
 
 def test_b_operand_is_b_transposed_and_padded() -> None:

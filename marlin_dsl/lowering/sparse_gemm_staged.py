@@ -10,9 +10,11 @@ is copied in 16-byte pieces with no repacking on the host:
 
     A stage: tile_m / 16 row tiles x 32 lanes x 4 words   (contiguous runs of S's values)
     M stage: tile_m / 32 tile pairs x 32 words            (S's metadata)
-    B stage: tile_n rows of bt x 32 K                     (4 pieces a row, rows padded to
-                                                           B_ROW so fragment reads are
+    B stage: tile_n rows of bt x 32 K                     (4 pieces a row, rows padded by
+                                                           B_PAD so fragment reads are
                                                            conflict-free)
+
+each times `k_tiles`, the K tiles a stage holds (one loop step: one wait and barrier).
 
 A warp reads its A fragments back with one 128-bit load per tile (lanes read consecutive 16
 bytes) and a B fragment as 4 32-bit pairs of adjacent K, at the offsets the target's B lane
@@ -56,9 +58,8 @@ PIECE = 4
 TILE_WORDS = 32 * PIECE
 #: Elements of a K step (the sparse MMA's k) and of one 16-byte piece of bt.
 K_STEP, B_PIECE = 32, 8
-#: A staged row of bt: 32 K plus 8 elements of padding. With 40 halves (20 words) a row, the 8
-#: rows x 4 lanes of a fragment read fall in 32 different banks (20 g + q + 4 a mod 32).
-B_ROW = K_STEP + 8
+#: Padding of a staged row of bt (`SparseGemmTiles.b_row`): one 16-byte piece.
+B_PAD = 8
 SCALARS = ("P", "N", "KT", "PAIRS")
 
 
@@ -72,6 +73,7 @@ class SparseGemmTiles:
     warps_m: int
     warps_n: int
     stages: int
+    k_tiles: int = 1  # 32-wide K tiles a stage holds (a step's MMAs between two barriers)
 
     def __post_init__(self) -> None:
         if self.tile_m % (32 * self.warps_m) or self.tile_n % (8 * self.warps_n):
@@ -79,10 +81,20 @@ class SparseGemmTiles:
                                f"and whole 8-column tiles")
         if self.stages < 2:
             raise CompileError(f"sparse GEMM tiles {self}: at least 2 stages")
+        if self.k_tiles not in (1, 2, 4):
+            raise CompileError(f"sparse GEMM tiles {self}: k_tiles must be 1, 2 or 4")
 
     @property
     def name(self) -> str:
-        return f"{self.tile_m}x{self.tile_n}w{self.warps_m}x{self.warps_n}s{self.stages}"
+        k = f"k{self.k_tiles}" if self.k_tiles > 1 else ""
+        return f"{self.tile_m}x{self.tile_n}w{self.warps_m}x{self.warps_n}s{self.stages}{k}"
+
+    @property
+    def b_row(self) -> int:
+        """Elements of a staged row of bt: the stage's K plus 8 of padding, so that the 8 rows x 4
+        lanes of a fragment read fall in 32 different banks ((8 k_tiles + 2) 2g + t + 4r words,
+        mod 32, is distinct for g < 8, t < 4 with k_tiles 1, 2 or 4)."""
+        return self.k_tiles * K_STEP + B_PAD
 
     @property
     def threads(self) -> int:
@@ -100,9 +112,9 @@ SMALL = SparseGemmTiles(64, 128, 2, 2, 4)
 _FULL_GRID = 132
 
 
-def b_offsets(target: Target) -> np.ndarray:
+def b_offsets(target: Target, b_row: int) -> np.ndarray:
     """[32 lanes, 4]: where each lane's 4 B-fragment registers (pairs of adjacent K of one
-    column n) start in a staged block of bt rows (B_ROW elements a row), from the target's
+    column n) start in a staged block of bt rows (b_row elements a row), from the target's
     lane table of the sparse MMA's B operand."""
     lanes = target.lane_elements("b", K_STEP, 8)
     if lanes is None:
@@ -112,7 +124,7 @@ def b_offsets(target: Target) -> np.ndarray:
             or np.any(k[:, 0::2] % 2):
         raise CompileError(f"{target.name}: the sparse MMA's B registers are not pairs of adjacent K "
                            f"of one column; the staged sparse GEMM reads them as such")
-    return (n[:, 0::2] * B_ROW + k[:, 0::2]).astype(np.uint32)
+    return (n[:, 0::2] * b_row + k[:, 0::2]).astype(np.uint32)
 
 
 def choose_tiles(p: int, n: int) -> SparseGemmTiles:
@@ -137,10 +149,10 @@ class StagedSparseGemm(Emitter):
         t = tiles
         self.block_pairs, self.block_nt = t.tile_m // 32, t.tile_n // 8
         self.warp_pairs, self.warp_nt = self.block_pairs // t.warps_m, self.block_nt // t.warps_n
-        self.a_stage = 2 * self.block_pairs * TILE_WORDS
-        self.m_stage = self.block_pairs * 32
-        self.b_stage = t.tile_n * B_ROW  # elements of bt
-        self.b_offsets = b_offsets(target)
+        self.a_sub, self.m_sub = 2 * self.block_pairs * TILE_WORDS, self.block_pairs * 32  # one K tile's
+        self.a_stage, self.m_stage = t.k_tiles * self.a_sub, t.k_tiles * self.m_sub
+        self.b_stage = t.tile_n * t.b_row  # elements of bt
+        self.b_offsets = b_offsets(target, t.b_row)
 
     # ----- setup -------------------------------------------------------------------------
 
@@ -162,7 +174,7 @@ class StagedSparseGemm(Emitter):
         lane4 = self.op2("mul", self.lane, PIECE, hint="l4")
         self.warp_a = self.op2("add", self.op2("mul", wm, 2 * self.warp_pairs * TILE_WORDS, hint="wa"), lane4, hint="wa")
         self.warp_m = self.op2("add", self.op2("mul", wm, self.warp_pairs * 32, hint="wq"), self.lane, hint="wq")
-        warp_rows = self.op2("mul", wn, self.warp_nt * 8 * B_ROW, hint="wb")
+        warp_rows = self.op2("mul", wn, self.warp_nt * 8 * t.b_row, hint="wb")
         self.warp_b = [self.op2("add", warp_rows, b.value("table", [self.op2("add", lane4, r, hint="bo")], U32,
                                                           {"name": "b_off"}, hint="bo"), hint="wb")
                        for r in range(PIECE)]
@@ -170,18 +182,20 @@ class StagedSparseGemm(Emitter):
                                              self.op2("mul", wm, 2 * self.warp_pairs, hint="r0"), hint="r0"), 16, hint="r0")
         self.col0 = self.op2("mul", self.op2("add", self.nt0, self.op2("mul", wn, self.warp_nt, hint="c0"), hint="c0"), 8, hint="c0")
 
+        self.setup_copies()
         for step in range(t.stages - 1):  # prologue: the first stages-1 steps in flight
             self.issue(self.c(step))
         zero = b.op("frag_zero", [], [self.frag_c], hint="z").result
         accs = [zero] * (2 * self.warp_pairs * self.warp_nt)
 
-        def body(kt: Value, groups: list[list[Value]]) -> list[Value]:
+        def body(ks: Value, groups: list[list[Value]]) -> list[Value]:
             b.op("async_wait", attrs={"pending": t.stages - 2})
             b.barrier()
-            self.issue(self.op2("add", kt, t.stages - 1, hint="nx"))
-            return self.compute(self.op2("rem", kt, t.stages, hint="slot"), groups[0])
+            self.issue(self.op2("add", ks, t.stages - 1, hint="nx"))
+            return self.compute(self.op2("rem", ks, t.stages, hint="slot"), groups[0])
 
-        accs = self.carried_for(0, s["KT"], 1, [("acc", accs)], body, iv_hint="kt", hint="acc")
+        steps = s["KT"] if t.k_tiles == 1 else self.ceil_div(s["KT"], t.k_tiles)
+        accs = self.carried_for(0, steps, 1, [("acc", accs)], body, iv_hint="ks", hint="acc")
         # Drain: the groups past K must land before the threadgroup's shared memory is reused.
         b.op("async_wait", attrs={"pending": 0})
         self.store(accs)
@@ -199,63 +213,88 @@ class StagedSparseGemm(Emitter):
             scalars=SCALARS, tables=tables, shared=shared,
             who=f"sparse activation GEMM {t.name}", memory="shared memory",
             attrs={"target": self.target.name, "kind": "sparse_act_gemm", "activation": self.dtype,
-                   "tile": [t.tile_m, t.tile_n, 32], "warps": [t.warps_m, t.warps_n], "stages": t.stages,
+                   "tile": [t.tile_m, t.tile_n, K_STEP * t.k_tiles], "warps": [t.warps_m, t.warps_n], "stages": t.stages,
                    "layout": self.target.sparse_activation_layout})
 
     # ----- copies into a stage -------------------------------------------------------------
 
-    def per_thread(self, total: int, body) -> None:
-        """body(e) for each piece e = i * threads + tid < total (an if where some thread's e
-        is past the end)."""
+    def pieces(self, total: int) -> list[tuple[Value, Value | None]]:
+        """(e, inside) for each piece e = i * threads + tid of a stage's copy of `total` pieces
+        (inside: None where every thread's e is below total)."""
         threads = self.tiles.threads
+        out = []
         for i in range(-(-total // threads)):
             e = self.op2("add", self.tid, i * threads, hint="e") if i else self.tid
-            if (i + 1) * threads <= total:
-                body(e)
-            else:
-                self.guarded(self.op2("lt", e, total, hint="ein"), lambda e=e: body(e))
+            out.append((e, None if (i + 1) * threads <= total else self.op2("lt", e, total, hint="ein")))
+        return out
 
-    def copy(self, dst: str, dst_i: Value, src: str, src_i: Value, size: int = PIECE) -> None:
-        self.b.op("async_copy", [dst_i, src_i], attrs={"dst": dst, "src": src, "size": size})
-
-    def issue(self, kt: Value) -> None:
-        """Start the copies of K step kt (clamped to the last) into slot kt % stages, as one group."""
+    def setup_copies(self) -> None:
+        """Each of this thread's pieces of a stage's copy, computed once before the loop: where
+        it lands in a stage and where it comes from in K tile 0 (tile kt's source is that plus
+        kt times the kind's stride). Clamped rows (past S's last tile pair, bt's last row) read
+        the last one. (kind, source base, stage offset, inside) per piece."""
         s, t = self.s, self.tiles
-        slot = self.op2("rem", kt, t.stages, hint="slot")
-        kt = self.op2("min", kt, self.last_kt, hint="ktc")
-        a_base = self.op2("mul", slot, self.a_stage, hint="as")
-        m_base = self.op2("mul", slot, self.m_stage, hint="ms")
-        b_base = self.op2("mul", slot, self.b_stage, hint="bs")
-
-        def a_piece(e: Value) -> None:  # e = block row tile * 32 + lane
+        self.copies: list[tuple[str, Value, Value, Value | None]] = []
+        for e, inside in self.pieces(2 * self.block_pairs * 32):     # e = block row tile * 32 + lane
             tile = self.b.binary("min", self.op2("add", self.op2("mul", self.pair0, 2, hint="at"),
                                                  self.op2("div", e, 32, hint="at"), hint="at"), self.last_tile, hint="at")
-            src = self.op2("add", self.op2("mul", self.op2("add", self.op2("mul", tile, s["KT"], hint="ai"), kt, hint="ai"),
-                                           TILE_WORDS, hint="ai"), self.op2("mul", self.op2("rem", e, 32, hint="al"), PIECE, hint="al"), hint="ai")
-            self.copy("a_s", self.op2("add", a_base, self.op2("mul", e, PIECE, hint="ad"), hint="ad"), "values", src)
-
-        def m_piece(e: Value) -> None:  # e = block tile pair * 8 + quarter of its 32 words
+            src = self.op2("add", self.op2("mul", self.op2("mul", tile, s["KT"], hint="ai"), TILE_WORDS, hint="ai"),
+                           self.op2("mul", self.op2("rem", e, 32, hint="al"), PIECE, hint="al"), hint="ai")
+            self.copies.append(("a", src, self.op2("mul", e, PIECE, hint="ad"), inside))
+        for e, inside in self.pieces(self.block_pairs * 8):            # e = block tile pair * 8 + quarter
             pair = self.b.binary("min", self.op2("add", self.pair0, self.op2("div", e, 8, hint="mq"), hint="mq"),
                                  self.last_pair, hint="mq")
-            src = self.op2("add", self.op2("mul", self.op2("add", self.op2("mul", pair, s["KT"], hint="mi"), kt, hint="mi"),
-                                           32, hint="mi"), self.op2("mul", self.op2("rem", e, 8, hint="mw"), PIECE, hint="mw"), hint="mi")
-            self.copy("m_s", self.op2("add", m_base, self.op2("mul", e, PIECE, hint="md"), hint="md"), "meta", src)
-
-        pieces = K_STEP // B_PIECE
-
-        def b_piece(e: Value) -> None:  # e = block row of bt * 4 + piece
-            row, piece = self.op2("div", e, pieces, hint="br"), self.op2("mul", self.op2("rem", e, pieces, hint="bp"), B_PIECE, hint="bp")
+            src = self.op2("add", self.op2("mul", self.op2("mul", pair, s["KT"], hint="mi"), 32, hint="mi"),
+                           self.op2("mul", self.op2("rem", e, 8, hint="mw"), PIECE, hint="mw"), hint="mi")
+            self.copies.append(("m", src, self.op2("mul", e, PIECE, hint="md"), inside))
+        per_row = K_STEP // B_PIECE
+        for e, inside in self.pieces(t.tile_n * per_row):              # e = block row of bt * 4 + piece
+            row = self.op2("div", e, per_row, hint="br")
+            piece = self.op2("mul", self.op2("rem", e, per_row, hint="bp"), B_PIECE, hint="bp")
             n = self.b.binary("min", self.op2("add", self.op2("mul", self.nt0, 8, hint="bn"), row, hint="bn"),
                               self.last_n, hint="bn")
-            src = self.op2("add", self.op2("add", self.op2("mul", n, self.ld, hint="bi"), self.op2("mul", kt, K_STEP, hint="bi"), hint="bi"),
-                           piece, hint="bi")
-            dst = self.op2("add", b_base, self.op2("add", self.op2("mul", row, B_ROW, hint="bd"), piece, hint="bd"), hint="bd")
-            self.copy("b_s", dst, "bt", src, B_PIECE)
+            src = self.op2("add", self.op2("mul", n, self.ld, hint="bi"), piece, hint="bi")
+            dst = self.op2("add", self.op2("mul", row, t.b_row, hint="bd"), piece, hint="bd")
+            self.copies.append(("b", src, dst, inside))
 
-        self.per_thread(2 * self.block_pairs * 32, a_piece)
-        self.per_thread(self.block_pairs * 8, m_piece)
-        self.per_thread(t.tile_n * pieces, b_piece)
+    def issue(self, ks: Value) -> None:
+        """Start the copies of step ks into slot ks % stages, as one group: its k_tiles K tiles,
+        each clamped to the last. With several K tiles a step, a tile past K must add nothing
+        (a step may end past it): its values and B rows are zero-filled instead (predicated
+        copies); its metadata stays the last tile's (valid)."""
+        t = self.tiles
+        slot = self.op2("rem", ks, t.stages, hint="slot")
+        first = ks if t.k_tiles == 1 else self.op2("mul", ks, t.k_tiles, hint="kt")
+        for sub in range(t.k_tiles):
+            kt = self.op2("add", first, sub, hint="kt") if sub else first
+            inside = None if t.k_tiles == 1 else self.op2("lt", kt, self.s["KT"], hint="kin")
+            self.issue_tile(slot, sub, self.op2("min", kt, self.last_kt, hint="ktc"), inside)
         self.b.op("async_commit")
+
+    def issue_tile(self, slot: Value, sub: int, kt: Value, in_k: Value | None) -> None:
+        """The copies of K tile kt (in range) into part `sub` of stage `slot`."""
+        # per kind: (shared array, source buffer, elements a piece, source stride a K tile,
+        # this part's offset in the stage, whether a tile past K zero-fills it)
+        kinds = {"a": ("a_s", "values", PIECE, TILE_WORDS,
+                       self.op2("add", self.op2("mul", slot, self.a_stage, hint="as"), sub * self.a_sub, hint="as"), True),
+                 "m": ("m_s", "meta", PIECE, 32,
+                       self.op2("add", self.op2("mul", slot, self.m_stage, hint="ms"), sub * self.m_sub, hint="ms"), False),
+                 "b": ("b_s", "bt", B_PIECE, K_STEP,
+                       self.op2("add", self.op2("mul", slot, self.b_stage, hint="bs"), sub * K_STEP, hint="bs"), True)}
+        steps = {kind: self.op2("mul", kt, kinds[kind][3], hint="ks") for kind in kinds}
+        for kind, src0, dst0, inside in self.copies:
+            shared, buffer, size, _, part, zero_fill = kinds[kind]
+            src = self.op2("add", src0, steps[kind], hint="src")
+            dst = self.op2("add", part, dst0, hint="dst")
+            pred = in_k if zero_fill else None
+
+            def copy(src=src, dst=dst, shared=shared, buffer=buffer, size=size, pred=pred) -> None:
+                operands = [dst, src] + ([pred] if pred is not None else [])
+                self.b.op("async_copy", operands, attrs={"dst": shared, "src": buffer, "size": size})
+            if inside is None:
+                copy()
+            else:  # threads past the end issue nothing
+                self.guarded(inside, copy)
 
     # ----- the MMAs ---------------------------------------------------------------------------
 
@@ -269,12 +308,22 @@ class StagedSparseGemm(Emitter):
         return self.b.value("vload", [index], VectorType(U32, PIECE), {"buffer": buffer, "size": PIECE}, hint="sw")
 
     def compute(self, slot: Value, accs: list[Value]) -> list[Value]:
-        """Step `slot`'s MMAs: this warp's 2 x warp_pairs row tiles times its warp_nt n8 tiles."""
-        b = self.b
+        """Stage `slot`'s MMAs: per K tile, this warp's 2 x warp_pairs row tiles times its
+        warp_nt n8 tiles."""
         a_base = self.op2("add", self.op2("mul", slot, self.a_stage, hint="as"), self.warp_a, hint="as")
         m_base = self.op2("add", self.op2("mul", slot, self.m_stage, hint="ms"), self.warp_m, hint="ms")
         b_step = self.op2("mul", slot, self.b_stage, hint="bs")
         b_base = [self.op2("add", b_step, w, hint="bs") for w in self.warp_b]
+        for sub in range(self.tiles.k_tiles):
+            if sub:
+                a_base = self.op2("add", a_base, self.a_sub, hint="as")
+                m_base = self.op2("add", m_base, self.m_sub, hint="ms")
+                b_base = [self.op2("add", base, K_STEP, hint="bs") for base in b_base]
+            accs = self.compute_tile(a_base, m_base, b_base, accs)
+        return accs
+
+    def compute_tile(self, a_base: Value, m_base: Value, b_base: list[Value], accs: list[Value]) -> list[Value]:
+        b, t = self.b, self.tiles
         rows = 2 * self.warp_pairs
         a = [self.frag(self.shared_piece("a_s", self.op2("add", a_base, i * TILE_WORDS, hint="ai") if i else a_base), self.frag_a)
              for i in range(rows)]
@@ -282,7 +331,7 @@ class StagedSparseGemm(Emitter):
                 for q in range(self.warp_pairs)]
         new = list(accs)
         for j in range(self.warp_nt):
-            pairs = [b.value("vload", [self.op2("add", base, j * 8 * B_ROW, hint="bi") if j else base],
+            pairs = [b.value("vload", [self.op2("add", base, j * 8 * t.b_row, hint="bi") if j else base],
                              VectorType(self.act, 2), {"buffer": "b_s", "size": 2}, hint="bp") for base in b_base]
             frag_b = b.value("frag_build", pairs, self.frag_b, hint="fr")
             for i in range(rows):
