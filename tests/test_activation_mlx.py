@@ -293,3 +293,31 @@ def test_mixed_operand_refused() -> None:
     leaky = SparseActivation(spec, 0, (4, 8), (4, 8), x, None, dense=x, mask=mx.zeros((4, 8), dtype=mx.bool_))
     with pytest.raises(SparsifyError, match="dropped .* entry is nonzero"):
         leaky.validate()
+
+
+def test_sparsify_columns_is_sparsify_of_the_gathered_copy() -> None:
+    """`columns` sparsifies x[:, columns] (the MLX backend gathers; the kernels read in place:
+    test_sparsify_kernels.py), with the same selection, counts and MVUE draws as the copy."""
+    rng = np.random.default_rng(12)
+    x = mx.array(rng.normal(size=(40, 30)).astype(np.float32)).astype(mx.float16)
+    cols = mx.array(rng.permutation(30)[:17].astype(np.uint32))
+    for spec in (SparsifySpec("mvue", 0, "f16"), SparsifySpec("top2", 1, "f16", True, True)):
+        got = sparsify(x, spec, 9, "mlx", columns=cols)
+        want = sparsify(mx.take(x, cols, axis=1), spec, 9, "mlx")
+        assert got.operand_shape == want.operand_shape
+        assert mx.array_equal(got.dense_operand(), want.dense_operand()).item()
+        assert mx.array_equal(got.kept_mask(), want.kept_mask()).item()
+        if spec.stats:
+            assert mx.array_equal(got.col_zeros, want.col_zeros).item()
+
+
+@pytest.mark.parametrize("columns, match", [
+    (np.arange(3), "columns: expected a non-empty integer mlx.core.array .* got ndarray"),
+    (mx.zeros((2, 2), mx.uint32), r"columns: expected .* got shape \(2, 2\) of uint32"),
+    (mx.zeros((0,), mx.uint32), r"columns: expected a non-empty .* got shape \(0,\)"),
+    (mx.zeros((3,), mx.float32), r"columns: expected .* got shape \(3,\) of float32"),
+])
+def test_sparsify_columns_errors(columns, match: str) -> None:
+    x = mx.ones((8, 8), mx.float16)
+    with pytest.raises(ShapeError, match=match):
+        sparsify(x, SparsifySpec("top2", 0, "f16"), 0, "mlx", columns=columns)

@@ -56,6 +56,18 @@ def test_sparsify_is_bit_exact(executor, spec: SparsifySpec) -> None:
         check_sparsify(spec, "cuda", activations(rng, shape), seed=11, execute=execute, kernel=kernels[spec])
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gathering_sparsify_is_bit_exact(axis: int) -> None:
+    """The printed gathering kernel (X = H[:, cols] read in place) on the CPU harness."""
+    spec = SparsifySpec("mvue" if axis == 0 else "top2", axis, "bf16", True, True)
+    kernel = lower_sparsify(spec, "cuda", gather=True)
+    execute = cuda_cpu_executor(seed=3, compiled={id(kernel): compile_many([kernel])[0]})
+    rng = np.random.default_rng(41 + axis)
+    for shape in [(65, 130), (300, 9)]:
+        cols = rng.permutation(shape[1])[: 2 * shape[1] // 3]
+        check_sparsify(spec, "cuda", activations(rng, shape), 5, execute, kernel=kernel, columns=cols)
+
+
 @pytest.mark.parametrize("tiles", [LARGE, SMALL], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("axis", [0, 1])

@@ -136,6 +136,34 @@ def _full_layout(out) -> ActivationLayout:
     return full
 
 
+@pytest.mark.parametrize("stats", [False, True])
+@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("target", TARGETS)
+def test_gathering_kernel_reads_the_columns_in_place(target: str, method: str, axis: int, stats: bool) -> None:
+    """A gathering kernel on H [R, LD] and columns c equals the reference on the copy H[:, c]
+    bit for bit (values, every nibble, column counts), for permuted, repeated and tail-only
+    column sets."""
+    spec = SparsifySpec(method, axis, "f16", stats, stats)
+    kernel = lower_sparsify(spec, target, gather=True)
+    assert kernel.name == spec.name + "_gather" and [b.name for b in kernel.buffers][:2] == ["x", "cols"]
+    rng = _rng("gather", target, method, axis, stats)
+    for shape in [(3, 5), (65, 130), (40, 9)]:
+        h = activation_input(rng, shape)
+        for cols in (rng.permutation(shape[1])[:max(1, 2 * shape[1] // 3)], np.array([shape[1] - 1] * 3),
+                     np.arange(shape[1])[::-1]):
+            check_sparsify(spec, target, h, 3, run_kernel, kernel=kernel, columns=cols)
+
+
+def test_gathering_and_plain_kernels_refuse_each_others_buffers() -> None:
+    spec = SparsifySpec("top2", 0, "f16")
+    x = activation_input(_rng("mix"), (8, 6))
+    with pytest.raises(SparsifyError, match="gathers X's columns, none given"):
+        run_sparsify(lower_sparsify(spec, "cuda", gather=True), spec, x, 0, run_kernel)
+    with pytest.raises(SparsifyError, match="does not gather X's columns, columns given"):
+        run_sparsify(lower_sparsify(spec, "cuda"), spec, x, 0, run_kernel, columns=np.arange(3))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("method", METHODS)
 def test_tail_group_is_zero_padded(target: str, method: str) -> None:
@@ -320,6 +348,7 @@ def test_nvcc_compiles_sparsify_and_sparse_gemm(tmp_path) -> None:
                           inout_inputs=("colz",)),
                print_cuda(lower_sparsify(SparsifySpec("soft_threshold", 1, "bf16", True, True), "cuda")),
                print_cuda(lower_sparsify(SparsifySpec("top2", 1, "f16", True, True, dense=True), "cuda")),
+               print_cuda(lower_sparsify(SparsifySpec("mvue", 0, "bf16"), "cuda", gather=True)),
                print_cuda(lower_sparsify(SparsifySpec("soft_threshold", 0, "f16", False, True), "cuda"),
                           inout_inputs=("colz",)),
                print_cuda(lower_sparse_gemm("f16", "cuda")),

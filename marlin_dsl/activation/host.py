@@ -35,30 +35,39 @@ class SparsifyOutput:
     mask: np.ndarray | None = None    # [P, L] bool (spec.dense): its kept positions
 
 
-def sparsify_buffers(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int
+def sparsify_buffers(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int,
+                     columns: np.ndarray | None = None
                      ) -> tuple[dict[str, np.ndarray], dict[str, int], ActivationLayout]:
     """Buffers (x rounded to the activation type; outputs poisoned with all-ones words, an
-    invalid nibble pattern), launch scalars and the layout for X = x [R, C]."""
+    invalid nibble pattern), launch scalars and the layout for X = x [R, C], or for a
+    gathering kernel X = x[:, columns] (x [R, LD] as it is, `columns` the index it reads)."""
     x = np.asarray(x)
     if x.ndim != 2 or min(x.shape) < 1:
         raise SparsifyError(f"x: expected a non-empty matrix [R, C], got shape {x.shape}")
-    layout = ActivationLayout(str(kernel.attrs["target"]), *operand_shape(x.shape, spec.axis))
+    if bool(kernel.attrs.get("gather")) != (columns is not None):
+        raise SparsifyError(f"columns: kernel {kernel.name} {'gathers' if kernel.attrs.get('gather') else 'does not gather'} "
+                            f"X's columns, {'none' if columns is None else 'columns'} given")
+    shape = x.shape if columns is None else (x.shape[0], len(columns))
+    layout = ActivationLayout(str(kernel.attrs["target"]), *operand_shape(shape, spec.axis))
     held = np.asarray(round_to_activation(x.astype(np.float32), spec.dtype))
     buffers = {"x": np.ascontiguousarray(held.ravel()),
                "values": np.full(layout.value_words, 0xFFFFFFFF, np.uint32),
                "meta": np.full(layout.meta_words, 0xFFFFFFFF, np.uint32)}
+    if columns is not None:
+        buffers["cols"] = np.asarray(columns, np.uint32)
     if spec.stats:
-        buffers["colz"] = np.zeros(x.shape[1], np.uint32)
+        buffers["colz"] = np.zeros(shape[1], np.uint32)
     if spec.dense:  # NaN and True: an element the kernel missed shows
         size = layout.p * layout.length
         buffers["dense"] = np.full(size, np.nan, np.float16 if spec.dtype == "f16" else np.float32)
         buffers["mask"] = np.ones(size, np.bool_)
-    scalars = launch_scalars(spec, layout, x.shape, int(mvue_key(seed)))
+    scalars = launch_scalars(spec, layout, shape, int(mvue_key(seed)), None if columns is None else x.shape[1])
     return buffers, scalars, layout
 
 
-def run_sparsify(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int, execute: Executor) -> SparsifyOutput:
-    buffers, scalars, layout = sparsify_buffers(kernel, spec, x, seed)
+def run_sparsify(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int, execute: Executor,
+                 columns: np.ndarray | None = None) -> SparsifyOutput:
+    buffers, scalars, layout = sparsify_buffers(kernel, spec, x, seed, columns)
     out = execute(kernel, buffers, scalars)
     shape = (layout.p, layout.length)
     dense = np.asarray(out["dense"], np.float32).reshape(shape) if spec.dense else None
@@ -68,13 +77,14 @@ def run_sparsify(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int, e
 
 
 def check_sparsify(spec: SparsifySpec, target: str, x: np.ndarray, seed: int, execute: Executor,
-                   kernel: Kernel | None = None) -> SparsifyOutput:
+                   kernel: Kernel | None = None, columns: np.ndarray | None = None) -> SparsifyOutput:
     """Run the kernel on `execute` and require bit-exact agreement with the reference: the
     decoded operand, every metadata nibble (including the padding's), the column counts and
-    (spec.dense) the dense S and kept mask the kernel wrote."""
-    kernel = kernel or lower_sparsify(spec, target)
-    got = run_sparsify(kernel, spec, x, seed, execute)
-    ref = sparsify_reference(x, spec, seed)
+    (spec.dense) the dense S and kept mask the kernel wrote. With `columns` the kernel gathers
+    X = x[:, columns] and the reference sparsifies that copy."""
+    kernel = kernel or lower_sparsify(spec, target, gather=columns is not None)
+    got = run_sparsify(kernel, spec, x, seed, execute, columns)
+    ref = sparsify_reference(x if columns is None else np.asarray(x)[:, np.asarray(columns)], spec, seed)
     want_values, want_meta = got.layout.encode(ref, spec.dtype)
     dense, nibbles = got.layout.decode(got.values, got.meta, spec.dtype)
     where = f"{kernel.name} ({target}) on x {tuple(np.shape(x))}, seed {seed}"

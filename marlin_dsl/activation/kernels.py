@@ -51,8 +51,8 @@ def _launch(kernel: Kernel, target: str) -> KernelLaunch:
 
 
 @lru_cache(maxsize=None)
-def _sparsify_launch(spec: SparsifySpec, target: str) -> KernelLaunch:
-    return _launch(lower_sparsify(spec, target), target)
+def _sparsify_launch(spec: SparsifySpec, target: str, gather: bool = False) -> KernelLaunch:
+    return _launch(lower_sparsify(spec, target, gather), target)
 
 
 @lru_cache(maxsize=None)
@@ -98,28 +98,31 @@ def _decode_mx(layout: ActivationLayout, dtype: str, values: mx.array, metadata:
     return dense[:p, :length], mask[:p, :length]
 
 
-def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_value: int = 0) -> Any:
-    """Run the sparsify kernel on X [R, C] (`x`, already in the spec's type). `init_value`
+def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_value: int = 0,
+             columns: mx.array | None = None) -> Any:
+    """Run the sparsify kernel on X [R, C] (`x`, already in the spec's type), or with `columns`
+    (uint32 [C]) on X = x[:, columns], read where it lies by the gathering kernel. `init_value`
     pre-fills every output (checks pass a nonzero pattern to see unwritten words; the column
     counts are corrected for it)."""
     if target not in SUPPORTED_TARGETS:
         raise SparsifyError(f"backend {target!r}: the activation kernels launch on "
                             f"{', '.join(SUPPORTED_TARGETS)} only (the other targets' kernels are "
                             f"checked on the CPU harness; use 'mlx')")
-    shape = (int(x.shape[0]), int(x.shape[1]))
+    shape = (int(x.shape[0]), int(x.shape[1]) if columns is None else int(columns.shape[0]))
     layout = ActivationLayout(target, *operand_shape(shape, spec.axis))
-    launch = _sparsify_launch(spec, target)
-    scalars = launch_scalars(spec, layout, shape, int(mvue_key(seed)))
+    launch = _sparsify_launch(spec, target, columns is not None)
+    scalars = launch_scalars(spec, layout, shape, int(mvue_key(seed)), None if columns is None else int(x.shape[1]))
     outs = {"values": (layout.value_words,), "meta": (layout.meta_words,), "colz": (shape[1],)}
     if spec.dense:
         outs |= {"dense": (layout.p, layout.length), "mask": (layout.p, layout.length)}
-    got = launch({"x": x}, outs, scalars, init_value=float(init_value))
+    inputs = {"x": x} if columns is None else {"x": x, "cols": columns.astype(mx.uint32)}
+    got = launch(inputs, outs, scalars, init_value=float(init_value))
     col_zeros = got.get("colz")
     if col_zeros is not None and init_value:
         col_zeros = col_zeros - mx.array(init_value, mx.uint32)
-    activation = x
+    activation = x if columns is None else mx.take(x, columns, axis=1)  # lazy: only if used
     if spec.relu2:  # the dense activation for the backward pass (the kernel streams it)
-        r = mx.maximum(x.astype(mx.float32), 0.0)
+        r = mx.maximum(activation.astype(mx.float32), 0.0)
         activation = (r * r).astype(x.dtype)
     return SparseActivation(spec, seed, shape, (layout.p, layout.length), activation,
                             col_zeros, backend=target, values=got["values"], metadata=got["meta"],

@@ -46,7 +46,10 @@ class _MLXBackend:
     """The "mlx" entry of KERNEL_BACKENDS: the same interface as the kernels module."""
 
     @staticmethod
-    def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str) -> SparseActivation:
+    def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str,
+                 columns: mx.array | None = None) -> SparseActivation:
+        if columns is not None:
+            x = mx.take(x, columns, axis=1)
         r = mlx_impl.sparsify_mx(x, spec, seed)
         shape = (int(x.shape[0]), int(x.shape[1]))
         return SparseActivation(spec, seed, shape, operand_shape(shape, spec.axis), r.activation,
@@ -111,6 +114,13 @@ def _check_matrix(name: str, a: object, dtype: mx.Dtype | None = None) -> mx.arr
     return a
 
 
+def _describe(a: object) -> str:
+    """'shape (3,) of float32' for an array, else the type's name."""
+    if isinstance(a, mx.array):
+        return f"shape {tuple(a.shape)} of {str(a.dtype).removeprefix('mlx.core.')}"
+    return type(a).__name__
+
+
 def _check_seed(seed: object) -> int:
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2 ** 32:
         raise SparsifyError(f"seed: expected an integer in [0, 2^32), got {seed!r}")
@@ -120,14 +130,23 @@ def _check_seed(seed: object) -> int:
 # ----- the API ------------------------------------------------------------------------------
 
 def sparsify(x: mx.array, spec: SparsifySpec, seed: int = 0,
-             backend: Backend = "auto") -> SparseActivation:
-    """2:4-sparsify x [R, C] (dtype spec.dtype) as `spec` says; bit-exact with the reference."""
+             backend: Backend = "auto", *, columns: mx.array | None = None) -> SparseActivation:
+    """2:4-sparsify x [R, C] (dtype spec.dtype) as `spec` says; bit-exact with the reference.
+    `columns` (an integer mx.array [C']): sparsify x[:, columns] instead, which the kernels
+    read where it lies (no gathered copy). Indices are not checked against C on the device
+    (that would need a sync): an index past the end is the caller's error."""
     if not isinstance(spec, SparsifySpec):
         raise SparsifyError(f"spec: expected a SparsifySpec, got {type(spec).__name__}")
     x = _check_matrix("x", x, mlx_impl.MX_DTYPES[spec.dtype])
     seed = _check_seed(seed)
     name = resolve_backend(backend)
-    return _backend_impl(name).sparsify(x, spec, seed, name)
+    if columns is None:
+        return _backend_impl(name).sparsify(x, spec, seed, name)
+    if not isinstance(columns, mx.array) or columns.ndim != 1 or columns.shape[0] < 1 \
+            or not mx.issubdtype(columns.dtype, mx.integer):
+        raise ShapeError(f"columns: expected a non-empty integer mlx.core.array [C'] of column "
+                         f"indices into x, got {_describe(columns)}")
+    return _backend_impl(name).sparsify(x, spec, seed, name, columns=columns)
 
 
 def sparse_matmul(s: SparseActivation, b: mx.array, *, check_structure: bool = False) -> mx.array:
@@ -191,7 +210,7 @@ def _split_products(a: mx.array, g: mx.array, order: mx.array | None, n_sparse: 
         return sparse_matmul(sparsify(a, spec, seed, backend), g)
     if order is None:
         raise SparsifyError(f"split: {n_sparse} of {f} columns are sparse but no column order given")
-    s = sparsify(mx.take(a, order[:n_sparse], axis=1), spec, seed, backend)
+    s = sparsify(a, spec, seed, backend, columns=order[:n_sparse])  # read in place, not gathered
     parts = [sparse_matmul(s, g), mx.matmul(mx.take(a, order[n_sparse:], axis=1).T, g)]
     # Scatter the rows back: row i of the concatenation is column order[i], so column j is
     # row argsort(order)[j] (the inverse permutation, computed on the device).

@@ -13,7 +13,12 @@ layout's index maps; the printers see ordinary IR.
 
 Launch scalars: R, C (X's shape), P, L (S's shape), KT, MT (the layout's K and row tiles),
 HALF_L4 (pairs per S row, for the MVUE counter), KEY (lowbias32 of the MVUE seed), TASKS
-(threads to launch).
+(threads to launch), and for a gathering kernel LD.
+
+A *gathering* kernel (`lower_sparsify(..., gather=True)`) reads X = H[:, cols] through the
+column index `cols` [C] from H [R, LD] where it lies, instead of from a gathered copy (the
+split dW2 sparsifies 95% of the forward's columns: gathering them first cost 1.2 ms at
+T = 8192, hidden 14336 on the H100, more than the sparsify itself).
 """
 from __future__ import annotations
 
@@ -32,26 +37,30 @@ SCALARS = ("R", "C", "P", "L", "KT", "MT", "HALF_L4", "KEY", "TASKS")
 _HASH_MUL = (0x7FEB352D, 0x846CA68B)
 
 
-def launch_scalars(spec: SparsifySpec, layout: ActivationLayout, shape: tuple[int, int], key: int) -> dict[str, int]:
-    """The launch scalars of a sparsify kernel for X of `shape` (R, C)."""
+def launch_scalars(spec: SparsifySpec, layout: ActivationLayout, shape: tuple[int, int], key: int,
+                   ld: int | None = None) -> dict[str, int]:
+    """The launch scalars of a sparsify kernel for X of `shape` (R, C); `ld`: the row length of
+    H for a gathering kernel."""
     r, c = shape
+    extra = {} if ld is None else {"LD": ld}
     loop_tiles = layout.m_tiles if spec.axis == 1 else layout.k_tiles
     fixed_tiles = layout.k_tiles if spec.axis == 1 else layout.m_tiles
     blocks = -(-loop_tiles // TILES_PER_THREAD)
     return {"R": r, "C": c, "P": layout.p, "L": layout.length, "KT": layout.k_tiles,
             "MT": layout.m_tiles, "HALF_L4": -(-layout.length // 4) * 2, "KEY": int(key),
-            "TASKS": 16 * fixed_tiles * blocks}
+            "TASKS": 16 * fixed_tiles * blocks, **extra}
 
 
-def lower_sparsify(spec: SparsifySpec, target: str) -> Kernel:
-    """The sparsify kernel of `spec` for `target` (its layout decides where results go)."""
-    return _SparsifyLowering(spec, target).lower()
+def lower_sparsify(spec: SparsifySpec, target: str, gather: bool = False) -> Kernel:
+    """The sparsify kernel of `spec` for `target` (its layout decides where results go);
+    `gather`: X's columns read through the index `cols` (module docstring)."""
+    return _SparsifyLowering(spec, target, gather).lower()
 
 
 class _SparsifyLowering(Emitter):
-    def __init__(self, spec: SparsifySpec, target: str) -> None:
+    def __init__(self, spec: SparsifySpec, target: str, gather: bool = False) -> None:
         super().__init__()
-        self.spec = spec
+        self.spec, self.gather = spec, gather
         self.target = TARGETS[target]
         # The layout's kind is what matters here; its sizes come from launch scalars.
         self.layout = ActivationLayout(target, 1, 1)
@@ -86,7 +95,8 @@ class _SparsifyLowering(Emitter):
 
     def lower(self) -> Kernel:
         b, spec = self.b, self.spec
-        s = {name: b.scalar(name) for name in SCALARS}
+        scalars = SCALARS + (("LD",) if self.gather else ())
+        s = {name: b.scalar(name) for name in scalars}
         self.s = s
         tid = b.index("tid")
         gx = b.index("group_x")
@@ -122,8 +132,8 @@ class _SparsifyLowering(Emitter):
         if spec.stats:
             self.publish_counts(results, kt if spec.axis == 1 else mt)
 
-        buffers = [BufferParam("x", self.act, "read"), BufferParam("values", U32, "write"),
-                   BufferParam("meta", U32, "write")]
+        buffers = [BufferParam("x", self.act, "read"), *([BufferParam("cols", U32, "read")] if self.gather else []),
+                   BufferParam("values", U32, "write"), BufferParam("meta", U32, "write")]
         if spec.stats:
             buffers.append(BufferParam("colz", U32, "readwrite"))
         if spec.dense:
@@ -133,12 +143,13 @@ class _SparsifyLowering(Emitter):
             tables = [ConstTable("value_pair", U32, tuple(int(v) for v in self.layout.value_pair_table.ravel())),
                       ConstTable("meta_lane", U32, tuple(int(v) for v in self.layout.meta_lane_table.ravel()))]
         return finish_kernel(
-            b, self.target, name=spec.name, threads=THREADS,
+            b, self.target, name=spec.name + ("_gather" if self.gather else ""), threads=THREADS,
             grid=(GridDim("TASKS", THREADS), GridDim(None), GridDim(None)), buffers=buffers,
-            scalars=SCALARS, tables=tables,
+            scalars=scalars, tables=tables,
             attrs={"target": self.target.name, "kind": "sparsify", "method": spec.method,
                    "axis": spec.axis, "activation": spec.dtype, "relu2": int(spec.relu2),
-                   "stats": int(spec.stats), "dense": int(spec.dense), "layout": self.layout.kind})
+                   "stats": int(spec.stats), "dense": int(spec.dense), "gather": int(self.gather),
+                   "layout": self.layout.kind})
 
     # ----- one unit: two rows x four groups ---------------------------------------------------
 
@@ -151,13 +162,17 @@ class _SparsifyLowering(Emitter):
                            self.op2("add", self.g, 8 * rowsel, hint="sr"), hint="sr")
             row_ok = self.op2("lt", srow, s["P"], hint="rok")
             col0 = self.op2("add", self.op2("mul", kt, 32, hint="sc"), self.op2("mul", self.h, 16, hint="sc"), hint="sc")
+            # axis 0 gathering: the row of S is one column of X, looked up once
+            row_col = self.column(srow, row_ok) if self.gather and spec.axis == 0 else None
             for j in range(4):
                 xs, oks = [], []
                 for i in range(4):
                     scol = self.op2("add", col0, 4 * j + i, hint="sc")
                     ok = self.op2("and", row_ok, self.op2("lt", scol, s["L"], hint="cok"), hint="ok")
                     r, c = (srow, scol) if spec.axis == 1 else (scol, srow)
-                    idx = self.op2("add", self.op2("mul", r, s["C"], hint="xi"), c, hint="xi")
+                    if self.gather:
+                        c = row_col if row_col is not None else self.column(c, ok)
+                    idx = self.op2("add", self.op2("mul", r, s["LD" if self.gather else "C"], hint="xi"), c, hint="xi")
                     x = b.cast(b.load("x", idx, self.act, pred=ok, hint="x"), F32, hint="xf")
                     if spec.relu2:
                         x = self.op2("max", x, 0.0, hint="rl")
@@ -179,6 +194,10 @@ class _SparsifyLowering(Emitter):
                 word = self.op2("or", word, self.op2("shl", nibble, 16 * rowsel + 4 * j, hint="nb"), hint="mw")
         self.store_meta(mt, kt, word)
         return counts
+
+    def column(self, c: Value, exists: Value) -> Value:
+        """Column c of X in H (a gathering kernel): cols[c] where c exists, else 0."""
+        return self.b.load("cols", c, U32, pred=exists, hint="col")
 
     def select_group(self, xs: list[Value], pair_index: Value) -> tuple[Value, Value, Value]:
         """(value of slot 0, value of slot 1, nibble idx0 | idx1 << 2), f32 values."""
