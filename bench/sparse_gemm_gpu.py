@@ -28,6 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from marlin_dsl.activation import ffn as ffn_module
 from marlin_dsl.activation import kernels, ops
 from marlin_dsl.activation.ffn import FFNConfig, dense_ffn, ffn_backward, ffn_forward, sparse_ffn
 from marlin_dsl.activation.spec import SparsifySpec
@@ -199,6 +200,7 @@ def run_ffn(tokens: int, hidden: int, dims: int, dtype: str) -> list[dict]:
     ds = mx.matmul(dy, w2)
     mx.eval(ds)
     out["part_da_dh_elementwise"] = timed(lambda: (ds * cache.mask.astype(ds.dtype)) * (2 * mx.maximum(cache.h, 0)))
+    out["part_da_dh_fused"] = timed(lambda: ffn_module._MASKED_GRADS(ds, cache.mask, cache.h))
     n_sparse = ops.sparse_column_count(hidden, 0.95)
     out["part_dw2_split"] = timed(lambda: ops.split_matmul_by_rank(cache.s, dy, cache.col_zeros, n_sparse, "mvue", 7, "cuda"))
     out["part_dw2_dense"] = timed(lambda: mx.matmul(dy.T, cache.s))
@@ -213,6 +215,8 @@ def run_ffn(tokens: int, hidden: int, dims: int, dtype: str) -> list[dict]:
     s0 = ops.sparsify(gathered, spec0, 7, "cuda")
     mx.eval(s0.values, s0.metadata)
     out["split_sparsify_axis0"] = timed(lambda: ops.sparsify(gathered, spec0, 7, "cuda").values)
+    out["split_sparsify_columns_in_place"] = timed(
+        lambda: ops.sparsify(cache.s, spec0, 7, "cuda", columns=order[:n_sparse]).values)
     out["split_sparse_gemm"] = timed(lambda: ops.sparse_matmul(s0, dy))
     rest = mx.take(cache.s, order[n_sparse:], axis=1)
     mx.eval(rest)
