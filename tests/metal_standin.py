@@ -19,7 +19,7 @@ from marlin_dsl.targets.metal.cpu_harness import CompiledMetal, compile_metal
 from marlin_dsl.targets.metal.printer import MetalSource
 
 _STORE = {"uint32_t": np.uint32, "float16_t": np.float16, "bfloat16_t": np.float32, "float": np.float32,
-          "bool": np.bool_}
+          "bool": np.bool_, "uint8_t": np.uint8}
 
 
 class MetalStandIn:
@@ -54,7 +54,8 @@ class MetalStandIn:
             for nm, shape in zip(output_names, output_shapes):
                 store = _STORE[src.dtypes[nm]]
                 fill = 0xFFFFFFFF if init_value is None and store == np.uint32 else (
-                    True if store == np.bool_ else np.nan if init_value is None else init_value)
+                    0xAB if store == np.uint8 else True if store == np.bool_ else
+                    np.nan if init_value is None else init_value)
                 buffers[nm] = np.full(int(np.prod(shape)), fill, store)
             out = cpu.run(buffers, dict(zip(src.scalar_names, dims)),
                           (grid[0] // threadgroup[0], grid[1], grid[2]), threadgroup[0], seed=self.seed)

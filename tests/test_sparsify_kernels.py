@@ -45,7 +45,7 @@ FLAGS = [(False, False), (True, True)]
 #: R or C = 1, 3, 65; lengths that are not multiples of 4 or 32 on either axis; (300, 9) has
 #: more than TILES_PER_THREAD (8) tiles along the loop axis on both axes, so several threads
 #: publish their column counts (atomics) for one column.
-SHAPES = [(1, 5), (3, 64), (65, 130), (37, 45), (7, 1), (300, 9)]
+SHAPES = [(1, 5), (3, 64), (65, 130), (37, 45), (7, 1), (300, 9), (48, 32)]  # (48, 32): whole 16-runs on both axes
 RTOL = {"f16": 2e-3, "bf16": 1.6e-2}
 PAD_NIBBLE = {"top2": 0b0100, "soft_threshold": 0b0100, "mvue": 0b1000}
 

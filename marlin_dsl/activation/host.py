@@ -32,7 +32,7 @@ class SparsifyOutput:
     meta: np.ndarray
     col_zeros: np.ndarray | None
     dense: np.ndarray | None = None   # [P, L] float32 (spec.dense): S's logical form
-    mask: np.ndarray | None = None    # [P, L] bool (spec.dense): its kept positions
+    mask: np.ndarray | None = None    # [P, L] uint8 (spec.dense): its kept positions, 1 / 0
 
 
 def sparsify_buffers(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int,
@@ -57,10 +57,10 @@ def sparsify_buffers(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: in
         buffers["cols"] = np.asarray(columns, np.uint32)
     if spec.stats:
         buffers["colz"] = np.zeros(shape[1], np.uint32)
-    if spec.dense:  # NaN and True: an element the kernel missed shows
+    if spec.dense:  # NaN and 0xAB: an element the kernel missed shows
         size = layout.p * layout.length
         buffers["dense"] = np.full(size, np.nan, np.float16 if spec.dtype == "f16" else np.float32)
-        buffers["mask"] = np.ones(size, np.bool_)
+        buffers["mask"] = np.full(size, 0xAB, np.uint8)
     scalars = launch_scalars(spec, layout, shape, int(mvue_key(seed)), None if columns is None else x.shape[1])
     return buffers, scalars, layout
 
@@ -71,7 +71,7 @@ def run_sparsify(kernel: Kernel, spec: SparsifySpec, x: np.ndarray, seed: int, e
     out = execute(kernel, buffers, scalars)
     shape = (layout.p, layout.length)
     dense = np.asarray(out["dense"], np.float32).reshape(shape) if spec.dense else None
-    mask = np.asarray(out["mask"], np.bool_).reshape(shape) if spec.dense else None
+    mask = np.asarray(out["mask"], np.uint8).reshape(shape) if spec.dense else None
     return SparsifyOutput(layout, np.asarray(out["values"], np.uint32), np.asarray(out["meta"], np.uint32),
                           np.asarray(out["colz"], np.uint32) if spec.stats else None, dense, mask)
 
@@ -103,7 +103,7 @@ def check_sparsify(spec: SparsifySpec, target: str, x: np.ndarray, seed: int, ex
         bad = np.flatnonzero(got.col_zeros != ref.col_zeros)[0]
         raise AssertionError(f"{where}: zero count of column {bad}: {got.col_zeros[bad]}, reference {ref.col_zeros[bad]}")
     if spec.dense:
-        want_mask = ref.kept_mask()
+        want_mask = ref.kept_mask().astype(np.uint8)  # 0xAB (the poison) where unwritten
         for name, value, want in (("dense S", got.dense, ref.dense), ("kept mask", got.mask, want_mask)):
             if not np.array_equal(value, want):  # NaN (unwritten) never equals
                 bad = np.argwhere(~(value == want))[0]

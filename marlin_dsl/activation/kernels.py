@@ -127,7 +127,7 @@ def sparsify(x: mx.array, spec: SparsifySpec, seed: int, target: str, *, init_va
     return SparseActivation(spec, seed, shape, (layout.p, layout.length), activation,
                             col_zeros, backend=target, values=got["values"], metadata=got["meta"],
                             layout=BoundLayout(layout, spec.dtype), dense=got.get("dense"),
-                            mask=got.get("mask"))
+                            mask=None if "mask" not in got else mx.view(got["mask"], mx.bool_))  # u8 0/1
 
 
 @lru_cache(maxsize=8)

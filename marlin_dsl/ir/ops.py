@@ -330,8 +330,9 @@ _define(
     OpDef("store", (2, 3), ("buffer",), writes_memory=True, rule=_memory,
           doc="buffer[index] = value, skipped where the predicate is false"),
     OpDef("vstore", (2, 3), ("buffer", "size"), writes_memory=True, rule=_vstore,
-          doc="shared buffer[index .. index + size) = the vector's elements (one wide store), index "
-              "a multiple of size; skipped where the predicate is false"),
+          doc="buffer[index .. index + size) = the vector's elements (one wide store) into a shared "
+              "array or a written device buffer, index a multiple of size; skipped where the "
+              "predicate is false"),
     OpDef("atomic_add", (2, 2), ("buffer",), results=(1, 1), writes_memory=True,
           reads_memory=True, rule=_memory, doc="returns the old value"),
     OpDef("table", (1, 1), ("name",), results=(1, 1), rule=_table, pipe="memory", evaluate=semantics.table,

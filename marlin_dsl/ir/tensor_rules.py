@@ -226,8 +226,8 @@ def _vstore(op: Op, kernel: Kernel) -> str | None:
         decl = kernel.symbol(str(op.attrs["buffer"]))
     except KeyError:
         return f"unknown buffer @{op.attrs['buffer']}"
-    if not isinstance(decl, SharedArray):
-        return f"vstore writes shared arrays; @{decl.name} is not one"
+    if not isinstance(decl, SharedArray) and getattr(decl, "access", "read") == "read":
+        return f"vstore writes shared arrays and device buffers the kernel writes; @{decl.name} is read-only"
     idx, val = op.operands[0].type, op.operands[1].type
     size = op.attrs["size"]
     if idx != U32:

@@ -150,6 +150,33 @@ def _h_store(m: _Machine, op: Op) -> Fn:
     return run_device
 
 
+def _h_vstore_device(m: _Machine, op: Op, name: str, size: int) -> Fn:
+    """vstore into device buffer `name`: each selected lane writes its vector's elements at
+    index .. index + size (a multiple of size: what a wide store needs)."""
+    _access_error(m, op, name, True)
+    ia, va = m.slot(op.operands[0]), m.slot(op.operands[1])
+    pa = m.slot(op.operands[2]) if len(op.operands) > 2 else None
+    regs = m.regs
+    buf = m.device[name]
+    n = len(buf)
+    lanes = np.arange(size, dtype=np.int64)
+
+    def run(mask: _Mask) -> None:
+        sel = mask.arr if pa is None else mask.arr & regs[pa]
+        if not sel.any():
+            return
+        idx = regs[ia].astype(np.int64)
+        bad = sel & (idx % size != 0)
+        if bad.any():
+            m.fail_lanes("misaligned", op, f"vstore index not a multiple of {size}", bad, regs[ia])
+        bad = sel & (idx + size > n)
+        if bad.any():
+            m.fail_lanes("bounds", op, f"@{name} index out of bounds (size {n})", bad, regs[ia])
+        flat = (idx[sel][:, None] + lanes).reshape(-1)
+        buf[flat] = regs[va][sel].reshape(-1)
+    return run
+
+
 def _h_atomic_add(m: _Machine, op: Op) -> Fn:
     name = str(op.attrs["buffer"])
     if name in m.shared:
@@ -349,8 +376,11 @@ def _h_frag_elems(m: _Machine, op: Op) -> Fn:
 
 
 def _h_vstore(m: _Machine, op: Op) -> Fn:
-    """A vector of `size` elements into a shared array, at an index that is a multiple of size."""
+    """A vector of `size` elements into a shared array or a device buffer, at an index that is
+    a multiple of size."""
     name, size = str(op.attrs["buffer"]), int(op.attrs["size"])  # type: ignore[arg-type]
+    if name not in m.shared:
+        return _h_vstore_device(m, op, name, size)
     sh = m.shared[name]
     S = sh.size
     ia, va = m.slot(op.operands[0]), m.slot(op.operands[1])

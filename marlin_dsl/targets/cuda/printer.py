@@ -340,7 +340,8 @@ class _Printer(MmaEmitters, WgmmaEmitters, SyncEmitters, CPrinter):
         self.declare(depth, op.result, f"{ops[0]}.{member}")
 
     def op_vstore(self, op: Op, depth: int) -> None:
-        """One 32/64/128-bit shared-memory store (the IR guarantees index % size == 0)."""
+        """One 32/64/128-bit store into shared memory or a device buffer (the IR guarantees
+        index % size == 0; device buffers start 16-byte aligned)."""
         ops = self.refs(op)
         mem, _, _ = self.memory(str(op.attrs["buffer"]))
         stmt = f"*reinterpret_cast<{cuda_type(op.operands[1].type)}*>(&{mem}[{ops[0]}]) = {ops[1]};"

@@ -255,8 +255,8 @@ class _Printer(CPrinter):
         self.declare(depth, op.result, access)
 
     def op_vstore(self, op: Op, depth: int) -> None:
-        """A vector into a threadgroup array (the only memory `vstore` writes), element by
-        element as `op_vload` reads one (the arrays are declared of their scalar type)."""
+        """A vector into a threadgroup array or a device buffer, element by element as
+        `op_vload` reads one (both are declared of their scalar type)."""
         ops = self.refs(op)
         buf, _ = self.memory(str(op.attrs["buffer"]))
         size = int(op.attrs["size"])
