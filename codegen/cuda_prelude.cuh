@@ -29,8 +29,7 @@
 //       C as for mma; one .b32 metadata word per lane and an immediate selector F in {0, 1}:
 //       lanes 4g + 2F + h (h = 0, 1) supply the 2-bit indices of rows g (bits 15:0) and g + 8
 //       (bits 31:16), groups 4h..4h+3, the other lanes' words are not read.
-//     load_b32 / mma_sp<F> as load_b / mma; ldsm_b32_t: load_b32<LD, true> from shared memory
-//     by ldmatrix.
+//     load_b32 / mma_sp<F> as load_b / mma.
 //   - vec<T, N>: the IR's short vectors.
 #ifndef MARLIN_DSL_CUDA_PRELUDE
 #define MARLIN_DSL_CUDA_PRELUDE
@@ -261,29 +260,6 @@ __device__ __forceinline__ frag_b32<T> load_b32(const T* p) {
     }
   }
   return f;
-}
-
-// load_b32<LD, true> from shared memory with one ldmatrix.x4 (PTX ISA 9.7.14.5.15) instead of
-// four 32-bit loads a lane: matrix r is B^T's rows n = 0..7 at K 8r..8r+7, lane i gives the
-// address of row i % 8 of matrix i / 8, and register r of lane (g, t) receives that matrix's
-// row g, elements 2t, 2t + 1: B[8r + 2t ..][g], frag_b32's x[r]. Every row address must be
-// 16-byte aligned: p 16-byte aligned and LD a multiple of 8 (the IR's frag_load `ldsm`
-// checks both). The host build (the CPU shim) reads the same elements lane by lane.
-template <int LD, typename T>
-__device__ __forceinline__ frag_b32<T> ldsm_b32_t(const T* p) {
-  static_assert(LD % 8 == 0 && sizeof(T) == 2, "ldsm_b32_t: 16-bit rows of a multiple of 8 elements");
-#ifndef MDSL_HOST_LAYOUT_CHECK
-  const uint32_t lane = lane_id();
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p + (lane & 7u) * LD + 8u * (lane >> 3)));
-  frag_b32<T> f;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3])
-               : "r"(a)
-               : "memory");
-  return f;
-#else
-  return load_b32<LD, true>(p);
-#endif
 }
 
 template <typename D>

@@ -14,7 +14,6 @@ from marlin_dsl.activation.host import b_operand
 from marlin_dsl.errors import CompileError
 from marlin_dsl.layouts.sparse_activation import ActivationLayout
 from marlin_dsl.lowering.sparse_gemm import b_buffer, gemm_scalars, lower_sparse_gemm
-from marlin_dsl.ir import VectorType
 from marlin_dsl.lowering.sparse_gemm_staged import (LARGE, SMALL, SparseGemmTiles, StagedSparseGemm,
                                                    b_offsets, choose_tiles)
 from marlin_dsl.targets import CUDA
@@ -92,39 +91,3 @@ def test_b_operand_is_b_transposed_and_padded() -> None:
     assert lay.lp == 64 and np.array_equal(bt[:, :37], b.T.astype(np.float16)) and not bt[:, 37:].any()
     assert list(b_operand(b, "f16", ActivationLayout("metal", 5, 37))) == ["bp"]
     assert gemm_scalars(lay, 9) == {"P": 5, "N": 9, "KT": 2, "PAIRS": 1}
-
-
-def test_both_b_reads_lower_and_the_ldsm_one_uses_frag_load() -> None:
-    ldsm = lower_sparse_gemm("f16", "cuda", LARGE)
-    pairs = lower_sparse_gemm("f16", "cuda", dataclasses.replace(LARGE, b_reads="pairs"))
-    loads = [op for op in ldsm.walk() if op.name == "frag_load"]
-    assert loads and all(op.attrs["ldsm"] and op.attrs["transpose"] for op in loads)
-    assert not any(op.name == "frag_load" for op in pairs.walk())
-    assert "b_off" not in {t.name for t in ldsm.tables} and "b_off" in {t.name for t in pairs.tables}
-    assert pairs.name.endswith("p") and not ldsm.name.endswith("p")
-    with pytest.raises(CompileError, match="b_reads"):
-        dataclasses.replace(LARGE, b_reads="ldmatrix")
-
-
-def _ldsm_probe(offset: int, shared: bool = True, ld: int = 40):
-    """A warp ldmatrix-loads a B fragment at `offset` of a 16-bit array."""
-    from marlin_dsl.ir import F16, BufferParam, Builder, FragmentType, GridDim, SharedArray
-    from marlin_dsl.lowering.parts.shell import finish_kernel
-    b = Builder()
-    b.value("frag_load", [b.const(offset)], FragmentType("b", F16, 32, 8),
-            {"buffer": "b_s" if shared else "x", "ld": ld, "transpose": True, "ldsm": True})
-    return finish_kernel(b, CUDA, name="ldsm_probe", threads=32, grid=(GridDim(None),) * 3,
-                         buffers=[BufferParam("x", F16, "read")], scalars=(),
-                         shared=[SharedArray("b_s", F16, 8 * 40 + 64)], attrs={"target": "cuda"})
-
-
-def test_ldsm_needs_shared_memory_and_rows_of_eight() -> None:
-    from marlin_dsl.ir.interpret import InterpreterError, run_kernel
-    from marlin_dsl.ir.verify import VerifyError
-    with pytest.raises(VerifyError, match="frag_load ldsm reads"):
-        _ldsm_probe(0, shared=False)
-    with pytest.raises(VerifyError, match="ld 36"):
-        _ldsm_probe(0, ld=36)
-    with pytest.raises(InterpreterError, match="not a multiple of 8") as err:
-        run_kernel(_ldsm_probe(4), {"x": np.zeros(4, np.float16)}, {})
-    assert err.value.kind == "misaligned"

@@ -341,11 +341,9 @@ _define(
           doc="threadgroup: all threads of the group; simdgroup: the threads of one warp"),
     OpDef("fence", (0, 0), ("scope",), writes_memory=True, rule=_scoped, doc="memory ordering for device memory"),
     OpDef("frag_zero", (0, 0), results=(1, 1), rule=_frag_zero, collective=True),
-    OpDef("frag_load", (1, 1), ("buffer", "ld"), ("transpose", "ldsm"), results=(1, 1),
+    OpDef("frag_load", (1, 1), ("buffer", "ld"), ("transpose",), results=(1, 1),
           reads_memory=True, collective=True, rule=_frag_load,
-          doc="a warp loads a rows x cols tile at offset with leading dimension ld; `ldsm`: a "
-              "32 x 8 b fragment of 16-bit elements, transposed, from shared memory, with ld and "
-              "offset multiples of 8 (CUDA's ldmatrix)"),
+          doc="a warp loads a rows x cols tile at offset with leading dimension ld"),
     OpDef("frag_build", (1, None), results=(1, 1), collective=True, rule=_frag_build,
           doc="a fragment from each lane's own elements (scalars or vectors, concatenated) in "
               "the order the target's lane layout gives them (Target.lane_elements)"),

@@ -51,16 +51,8 @@ def _frag_load(op: Op, kernel: Kernel) -> str | None:
     t = op.result.type
     if err or not isinstance(t, FragmentType) or t.role not in ("a", "b"):
         return err or "frag_load gives an a or b fragment"
-    decl = kernel.symbol(str(op.attrs["buffer"]))
-    if decl.elem != t.elem:  # type: ignore[union-attr]
+    if kernel.symbol(str(op.attrs["buffer"])).elem != t.elem:  # type: ignore[union-attr]
         return f"frag_load of {t} from a buffer of another element type"
-    if op.attrs.get("ldsm"):
-        ld = op.attrs["ld"]
-        if not isinstance(decl, SharedArray) or (t.role, t.rows, t.cols) != ("b", 32, 8) or t.elem.bits != 16 \
-                or not op.attrs.get("transpose") or not isinstance(ld, int) or ld % 8:
-            return (f"frag_load ldsm reads a transposed 32 x 8 b fragment of 16-bit elements from "
-                    f"shared memory with ld a multiple of 8; got {t} from @{decl.name}, ld {ld!r}, "
-                    f"transpose {op.attrs.get('transpose')!r}")
     return None if op.operands[0].type == U32 else "fragment offset must be u32"
 
 

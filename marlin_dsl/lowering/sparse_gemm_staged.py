@@ -74,9 +74,6 @@ class SparseGemmTiles:
     warps_n: int
     stages: int
     k_tiles: int = 1  # 32-wide K tiles a stage holds (a step's MMAs between two barriers)
-    #: how a warp reads its B fragments back: "ldsm" (one ldmatrix.x4 each: `frag_load` with
-    #: `ldsm`) or "pairs" (four 32-bit loads a lane, at the lane table's offsets)
-    b_reads: str = "ldsm"
 
     def __post_init__(self) -> None:
         if self.tile_m % (32 * self.warps_m) or self.tile_n % (8 * self.warps_n):
@@ -86,14 +83,11 @@ class SparseGemmTiles:
             raise CompileError(f"sparse GEMM tiles {self}: at least 2 stages")
         if self.k_tiles not in (1, 2, 4):
             raise CompileError(f"sparse GEMM tiles {self}: k_tiles must be 1, 2 or 4")
-        if self.b_reads not in ("ldsm", "pairs"):
-            raise CompileError(f"sparse GEMM tiles {self}: b_reads must be 'ldsm' or 'pairs'")
 
     @property
     def name(self) -> str:
         k = f"k{self.k_tiles}" if self.k_tiles > 1 else ""
-        reads = "p" if self.b_reads == "pairs" else ""
-        return f"{self.tile_m}x{self.tile_n}w{self.warps_m}x{self.warps_n}s{self.stages}{k}{reads}"
+        return f"{self.tile_m}x{self.tile_n}w{self.warps_m}x{self.warps_n}s{self.stages}{k}"
 
     @property
     def b_row(self) -> int:
@@ -181,12 +175,9 @@ class StagedSparseGemm(Emitter):
         self.warp_a = self.op2("add", self.op2("mul", wm, 2 * self.warp_pairs * TILE_WORDS, hint="wa"), lane4, hint="wa")
         self.warp_m = self.op2("add", self.op2("mul", wm, self.warp_pairs * 32, hint="wq"), self.lane, hint="wq")
         warp_rows = self.op2("mul", wn, self.warp_nt * 8 * t.b_row, hint="wb")
-        if t.b_reads == "ldsm":  # the warp's tile base: ldmatrix finds each lane's rows itself
-            self.warp_b = [warp_rows]
-        else:
-            self.warp_b = [self.op2("add", warp_rows, b.value("table", [self.op2("add", lane4, r, hint="bo")], U32,
-                                                              {"name": "b_off"}, hint="bo"), hint="wb")
-                           for r in range(PIECE)]
+        self.warp_b = [self.op2("add", warp_rows, b.value("table", [self.op2("add", lane4, r, hint="bo")], U32,
+                                                          {"name": "b_off"}, hint="bo"), hint="wb")
+                       for r in range(PIECE)]
         self.row0 = self.op2("mul", self.op2("add", self.op2("mul", self.pair0, 2, hint="r0"),
                                              self.op2("mul", wm, 2 * self.warp_pairs, hint="r0"), hint="r0"), 16, hint="r0")
         self.col0 = self.op2("mul", self.op2("add", self.nt0, self.op2("mul", wn, self.warp_nt, hint="c0"), hint="c0"), 8, hint="c0")
@@ -210,9 +201,8 @@ class StagedSparseGemm(Emitter):
         self.store(accs)
         c_rows, c_cols = self.target.lane_elements("c", 16, 8)  # type: ignore[misc]
         tables = [ConstTable("c_row", U32, tuple(int(v) for v in c_rows.ravel())),
-                  ConstTable("c_col", U32, tuple(int(v) for v in c_cols.ravel()))]
-        if t.b_reads == "pairs":
-            tables.append(ConstTable("b_off", U32, tuple(int(v) for v in self.b_offsets.ravel())))
+                  ConstTable("c_col", U32, tuple(int(v) for v in c_cols.ravel())),
+                  ConstTable("b_off", U32, tuple(int(v) for v in self.b_offsets.ravel()))]
         shared = [SharedArray("a_s", U32, t.stages * self.a_stage), SharedArray("m_s", U32, t.stages * self.m_stage),
                   SharedArray("b_s", self.act, t.stages * self.b_stage)]
         return finish_kernel(
@@ -341,14 +331,9 @@ class StagedSparseGemm(Emitter):
                 for q in range(self.warp_pairs)]
         new = list(accs)
         for j in range(self.warp_nt):
-            at = [self.op2("add", base, j * 8 * t.b_row, hint="bi") if j else base for base in b_base]
-            if t.b_reads == "ldsm":
-                frag_b = b.value("frag_load", at, self.frag_b, {"buffer": "b_s", "ld": t.b_row, "transpose": True,
-                                                                 "ldsm": True}, hint="fr")
-            else:
-                pairs = [b.value("vload", [i], VectorType(self.act, 2), {"buffer": "b_s", "size": 2}, hint="bp")
-                         for i in at]
-                frag_b = b.value("frag_build", pairs, self.frag_b, hint="fr")
+            pairs = [b.value("vload", [self.op2("add", base, j * 8 * t.b_row, hint="bi") if j else base],
+                             VectorType(self.act, 2), {"buffer": "b_s", "size": 2}, hint="bp") for base in b_base]
+            frag_b = b.value("frag_build", pairs, self.frag_b, hint="fr")
             for i in range(rows):
                 k = j * rows + i
                 new[k] = b.value("mma_sp", [a[i], frag_b, new[k], meta[i // 2]], self.frag_c,

@@ -55,7 +55,6 @@ def _h_frag_load(m: _Machine, op: Op) -> Fn:
     G, T, W = m.G, m.T, m.W
     shared = m.shared.get(name)
     src_elem = shared.decl.elem if shared else m.kernel.symbol(name).elem  # type: ignore[union-attr]
-    ldsm = bool(op.attrs.get("ldsm", False))
 
     def run(mask: _Mask) -> None:
         warps = _warps(m, op, mask)
@@ -63,11 +62,6 @@ def _h_frag_load(m: _Machine, op: Op) -> Fn:
             regs[r] = zero
             return
         off = _warp_uniform(m, op, regs[oa], warps, "fragment offset")
-        if ldsm and (off[warps] % 8).any():  # every row address of an ldmatrix is 16-byte aligned
-            bad = warps & (off % 8 != 0)
-            gi, wi = np.nonzero(bad)
-            m.fail("misaligned", op, "frag_load ldsm offset not a multiple of 8", int(gi[0]), int(wi[0]) * m.ws,
-                   index=int(off[gi[0], wi[0]]))
         if shared is not None:
             sh = shared
             gi, wi, idx = _frag_memory(m, op, name, warps, off, rel, sh.size)

@@ -98,9 +98,6 @@ class MmaEmitters:
         t = op.result.type
         assert isinstance(t, FragmentType)
         cuda_type(t)
-        if a.get("ldsm"):  # the verifier checked: shared, transposed 32 x 8 b, ld % 8 == 0
-            self.declare(depth, op.result, f"mdsl::ldsm_b32_t<{int(a['ld'])}>({mem} + {ops[0]})")
-            return
         transpose = "true" if a.get("transpose") else "false"
         load = "load_b32" if cuda_type(t).startswith("mdsl::frag_b32") else f"load_{t.role}"
         self.declare(depth, op.result, f"mdsl::{load}<{int(a['ld'])}, {transpose}>({mem} + {ops[0]})")
