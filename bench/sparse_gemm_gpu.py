@@ -11,7 +11,8 @@ bench/README.md ("GPU correctness").
   python3 bench/sparse_gemm_gpu.py profile [--tiles ...]  two launches a block at the forward's
                                                           shape, to run under ncu
 
-`--tiles` names blocks as tile_m x tile_n x warps_m x warps_n x stages (e.g. 128x256x2x4x4);
+`--tiles` names blocks as tile_m x tile_n x warps_m x warps_n x stages [x k_tiles]
+(e.g. 128x256x2x4x4, 128x128x2x2x3x2);
 the default sweeps a few around the tuned ones. `--out FILE` writes the rows as JSON (device,
 date and MLX version included).
 """
