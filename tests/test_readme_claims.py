@@ -213,3 +213,28 @@ def test_bf16_round() -> None:
             f"fp4 2:4 {f16['fp4_2of4']['prefill_512_ms']:.1f} / {f16['fp4_2of4']['prefill_2048_ms']:.1f}") in text
     ratio = [f16["mlx_4bit_g64"][k] / f16["fp4"][k] for k in ("prefill_512_ms", "prefill_2048_ms")]
     assert f"fp4 {ratio[0]:.2f}x / {ratio[1]:.2f}x faster than mlx-lm 4-bit" in text
+
+
+def test_activation_sparse_gemm_round() -> None:
+    """bench/README and README, issue 15's eighth round: the sparse FFN step before and after,
+    the mma.sp ceiling and the final GPU checks, from their result files."""
+    text = " ".join(BENCH_README.split())
+    readme = " ".join(README.split())
+    run = "issue15_h100_2026-11-27d"
+    final = _load(f"{run}/run13_h100_final_ffn.json")
+    assert "H100" in final["device"]
+    ms = {r["what"]: r["ms"] for r in final["rows"]}
+    dense, split, dense_dw2 = ms["dense_fwd_bwd"], ms["top2_split_fwd_bwd"], ms["top2_densedw2_fwd_bwd"]
+    assert f"| {dense:.2f} | **{split:.2f}** | **{dense_dw2:.2f}** | **{dense / split:.2f}x** ({dense / dense_dw2:.2f}x) |" in text
+    assert f"takes {split:.1f} ms with the split dW2 and {dense_dw2:.1f} ms with `dw2=\"dense\"`" in readme
+    assert f"against {dense:.1f} ms for the dense layer" in readme
+    rows = _load(f"{run}/run8_h100_mma_rate.json")["rows"]
+
+    def rate(name: str) -> int:  # the mean over 4, 8 and 16 warps a block, to 10 TFLOP/s
+        got = [r["dense_equivalent_tflops"] for r in rows if r["instruction"] == name]
+        return 10 * round(sum(got) / len(got) / 10)
+    assert f"peaks at {rate('mma.sp m16n8k32')} dense-equivalent TFLOP/s" in text
+    assert f"`mma.sync` dense {rate('mma.sync m16n8k16')}" in text
+    checks = _load(f"{run}/run13_h100_final_check.json")["rows"]
+    assert all(r["ok"] for r in checks) and f"{len(checks)}/{len(checks)} (`check`, final code" in text
+    assert "0 errors" in (RESULTS / run / "run13_h100_final_memcheck.log").read_text()
