@@ -90,7 +90,7 @@ def test_activation_kernels_launch_through_the_runtime(stand_in: list[dict],
     s = kernels.sparsify(x, spec, 0, "cuda")
     assert s.backend == "cuda" and stand_in[-1]["inputs"][0] == "x"
     y = kernels.sparse_matmul(s, mx.ones((64, 8), dtype=mx.float16))
-    assert tuple(y.shape) == (8, 8) and stand_in[-1]["inputs"][:3] == ["values", "meta", "bp"]
+    assert tuple(y.shape) == (8, 8) and stand_in[-1]["inputs"][:3] == ["values", "meta", "bt"]  # B^T as it lies
     monkeypatch.setattr(kernels, "SUPPORTED_TARGETS", ("cuda",))  # a runtime that launches none
     with pytest.raises(SparsifyError, match="launch on cuda only"):
         kernels.sparsify(x, spec, 0, "metal")
