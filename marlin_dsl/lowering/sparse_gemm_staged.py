@@ -38,7 +38,12 @@ run.
 Tiles past the operands read clamped copies instead of predicated ones: row tiles past S's
 last tile pair read its last pair (valid ordered metadata), rows of bt past N read row N - 1,
 steps past K read the last step (their slot is never computed). Those rows and columns are
-never stored, and no copy is predicated.
+never stored. With one K tile a stage no copy is predicated; with more, a stage may end past
+K, and its tiles there are zero-filled (values and B; the metadata stays the last tile's).
+
+Measured on the H100 (bench/results/issue15_h100_2026-11-27d): 2.4-2.7 ms for the sparse FFN's
+8192 x 14336 x 4096, 0.50-0.57x cuBLAS's dense GEMM; `mma.sp`'s own ceiling is 1.35x dense
+(`bench/mma_rate_probe.py`), and this kernel reaches 37% of it (docs/DECISIONS.md).
 """
 from __future__ import annotations
 
