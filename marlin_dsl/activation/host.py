@@ -114,7 +114,7 @@ def check_sparsify(spec: SparsifySpec, target: str, x: np.ndarray, seed: int, ex
 
 # ----- the GEMM that consumes a sparsified operand -------------------------------------------
 
-def pack_b_words(b: np.ndarray, dtype: str, target: str = "cuda") -> np.ndarray:
+def pack_b_words(b: np.ndarray, dtype: str, target: str) -> np.ndarray:
     """B [L, N] in the sparse GEMM's fragment layout, as flat u32 words (two halves each)."""
     from ..lowering.sparse_gemm import pack_b
     from ..layouts.sparse_activation import _to_bits

@@ -29,8 +29,8 @@ import numpy as np
 from ..targets.base import KernelLaunch
 from ..targets.runtimes import RUNTIMES, runtime_for
 from ..ir import Kernel
-from ..lowering.sparse_gemm import (LARGE, SparseGemmTiles, b_buffer, b_lane_order, choose_tiles, gemm_scalars, has_sparse_gemm,
-                                    has_sparse_mma, lower_sparse_gemm)
+from ..lowering.sparse_gemm import (SparseGemmTiles, b_buffer, b_lane_order, choose_tiles, gemm_scalars,
+                                    has_sparse_gemm, lower_sparse_gemm)
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
 from .operand import SparseActivation
@@ -56,7 +56,7 @@ def _sparsify_launch(spec: SparsifySpec, target: str, gather: bool = False) -> K
 
 
 @lru_cache(maxsize=None)
-def _gemm_launch(dtype: str, target: str, tiles: SparseGemmTiles = LARGE) -> KernelLaunch:
+def _gemm_launch(dtype: str, target: str, tiles: SparseGemmTiles) -> KernelLaunch:
     return _launch(lower_sparse_gemm(dtype, target, tiles), target)
 
 
@@ -172,10 +172,8 @@ def sparse_matmul(s: Any, b: mx.array, *, init_value: float | None = None,
     if not has_sparse_gemm(s.backend):  # not reached for the registered targets
         raise SparsifyError(f"backend {s.backend!r}: no sparse activation GEMM lowers for this target")
     n = int(b.shape[1])
-    # The sparse MMA's kernel comes in block sizes (`choose_tiles`); the scatter GEMM in one.
-    if tiles is None:
-        tiles = choose_tiles(layout.p, n) if has_sparse_mma(s.backend) else LARGE
-    got = _gemm_launch(s.spec.dtype, s.backend, tiles)({"values": s.values, "meta": s.metadata,
+    # The sparse MMA's kernel comes in block sizes; the scatter GEMM ignores them.
+    got = _gemm_launch(s.spec.dtype, s.backend, tiles or choose_tiles(layout.p, n))({"values": s.values, "meta": s.metadata,
                                                         **_b_operand(b, layout)},
                                                        {"y": (layout.p, n)}, gemm_scalars(layout, n),
                                                        init_value=init_value)

@@ -30,21 +30,19 @@ __all__ = ["LARGE", "b_buffer", "b_lane_order", "choose_tiles", "gemm_scalars", 
 
 
 def b_lane_order(target: str) -> tuple[np.ndarray, np.ndarray]:
-    """(k[lane, e], n[lane, e]): the B element each lane's e-th half holds in one 32 x 8 tile,
-    from the target (the sparse MMA's B fragment, or the scatter GEMM's shuffled K steps)."""
-    if not has_sparse_mma(target):
-        tab = scatter_tables(target)
-        return tab.b_k.copy(), tab.b_n.copy()
-    lanes = TARGETS[target].lane_elements("b", 32, 8)
-    if lanes is None:
-        raise CompileError(f"{target}: no lane table for the sparse MMA's B fragment")
-    return lanes
+    """(k[lane, e], n[lane, e]): the B element each lane's e-th half holds in one 32 x 8 tile
+    of the scatter GEMM's fragment order (its shuffled K steps). Only the scatter GEMM takes B
+    packed ("bp"); on a sparse MMA the staged kernel reads B^T as it lies (`b_buffer`)."""
+    if b_buffer(target) != "bp":
+        raise CompileError(f"{target}: its sparse GEMM reads B^T as it lies, not packed B")
+    tab = scatter_tables(target)
+    return tab.b_k.copy(), tab.b_n.copy()
 
 
-def pack_b(b: np.ndarray, target: str = "cuda") -> np.ndarray:
-    """B [L, N] (float32 holding f16/bf16 values) -> [KT, NT, 32 lanes, 8] in the target's
-    fragment order (`b_lane_order`: on Metal with the scatter GEMM's K shuffle), zero padded to
-    whole tiles; the kernel reads one lane's 8 halves as one 16-byte vector."""
+def pack_b(b: np.ndarray, target: str) -> np.ndarray:
+    """B [L, N] (float32 holding f16/bf16 values) -> [KT, NT, 32 lanes, 8] in the scatter
+    GEMM's fragment order (`b_lane_order`), zero padded to whole tiles; the kernel reads one
+    lane's 8 halves as one 16-byte vector."""
     length, n = b.shape
     kt, nt = -(-length // 32), -(-n // 8)
     padded = np.zeros((kt * 32, nt * 8), b.dtype)
