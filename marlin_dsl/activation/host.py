@@ -12,10 +12,10 @@ from typing import Callable
 import numpy as np
 
 from ..ir import Kernel
-from ..lowering.sparse_gemm import gemm_scalars
+from ..lowering.sparse_gemm import b_buffer, gemm_scalars, pack_b
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..ir.numerics import round_to_activation
-from ..layouts.sparse_activation import ActivationLayout
+from ..layouts.sparse_activation import ActivationLayout, _to_bits
 from .reference import mvue_key, operand_shape, sparsify_reference
 from .spec import SparsifyError, SparsifySpec
 
@@ -116,9 +116,6 @@ def check_sparsify(spec: SparsifySpec, target: str, x: np.ndarray, seed: int, ex
 
 def pack_b_words(b: np.ndarray, dtype: str, target: str) -> np.ndarray:
     """B [L, N] in the sparse GEMM's fragment layout, as flat u32 words (two halves each)."""
-    from ..lowering.sparse_gemm import pack_b
-    from ..layouts.sparse_activation import _to_bits
-
     held = np.asarray(round_to_activation(np.asarray(b, np.float32), dtype), np.float32)
     bits = _to_bits(pack_b(held, target), dtype).astype(np.uint32)       # [KT, NT, 32, 8]
     return (bits[..., 0::2] | (bits[..., 1::2] << np.uint32(16))).ravel()
@@ -128,8 +125,6 @@ def b_operand(b: np.ndarray, dtype: str, layout: ActivationLayout) -> dict[str, 
     """B [L, N]'s buffer for the layout's target's sparse GEMM (`sparse_gemm.b_buffer`): "bt",
     B transposed with rows zero-padded to Lp (f16 as float16, bf16 as float32 holding bf16
     values), or "bp", the scatter GEMM's fragment words."""
-    from ..lowering.sparse_gemm import b_buffer
-
     name = b_buffer(layout.target)
     if name == "bp":
         return {name: pack_b_words(b, dtype, layout.target)}
