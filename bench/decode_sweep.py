@@ -2,7 +2,8 @@
 
 For every format, M and weight shape [K, N], the candidates are the tuned schedule
 (`targets/cuda/tuning.py`) and the grid k_warps x depth x warps_n x n_tiles (tile_n = 16 warps_n n_tiles) x unroll
-x vectors (K vectors per step: tile_k = vectors x the layout's chunk; tile_m 8 for M <= 8, else 16). Per candidate, on the GPU through MLX's CUDA backend:
+x vectors (K vectors per step: tile_k = vectors x the layout's chunk; tile_m 8 for M <= 8, else 16)
+x stages (`--stages`: the weight words through a shared ring filled by cp.async; 0 = registers). Per candidate, on the GPU through MLX's CUDA backend:
 
 1. correctness: fresh random weights (`sample_weights`, packed) and activations (rounded to
    f16) per shape, outputs poisoned with NaN, y against the float64 `reference_matmul` with the
@@ -75,18 +76,19 @@ def candidates(args) -> list[dict]:
     out: dict[str, dict] = {}
 
     def add(fmt_name: str, m: int, tile_m: int, warps_n: int, k_warps: int, depth: int, unroll: int,
-            vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1) -> None:
+            vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1, stages: int = 0) -> None:
         tile_n = 16 * warps_n * n_tiles
         # n_tiles > 1: one warp decodes several 16-row N tiles and reuses each B fragment
         # (activation load) across them: fewer requested bytes and instructions per weight
         wide = f"t{n_tiles}" if n_tiles > 1 else ""
-        name = f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}"
+        ring = f"_s{stages}" if stages else ""  # the weight words through a shared ring
+        name = f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}"
         if name not in out:
             fmt = md.builtin_format(fmt_name)
             chunk = stream_layout(fmt, CUDA).dense_chunk
             sched = Schedule(name, tile_m=tile_m, tile_n=tile_n, tile_k=vectors * chunk,
                              warps_m=1, warps_n=warps_n,
-                             pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll))
+                             pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll, stages=stages))
             try:
                 sched.check(fmt, CUDA)
             except ScheduleError as exc:
@@ -94,7 +96,7 @@ def candidates(args) -> list[dict]:
                 return
             out[name] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": tile_n,
                          "warps_n": warps_n, "n_tiles": n_tiles, "k_warps": k_warps, "depth": depth, "unroll": unroll,
-                         "vectors": vectors, "tuned_for": [], "schedule": sched}
+                         "vectors": vectors, "stages": stages, "tuned_for": [], "schedule": sched}
         if tuned_for is not None:
             out[name]["tuned_for"].append(list(tuned_for))
 
@@ -106,14 +108,14 @@ def candidates(args) -> list[dict]:
                 t = tuned_schedule(fmt, m, CUDA, k, n)
                 p = t.pipeline
                 add(fmt_name, m, t.tile_m, t.warps_n, p.k_warps, p.depth, p.unroll,
-                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n), t.tile_n // (16 * t.warps_n))
-            for k_warps, depth, warps_n, unroll, vectors, n_tiles in itertools.product(
+                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n), t.tile_n // (16 * t.warps_n), p.stages)
+            for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages in itertools.product(
                     ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
-                    ints(args.n_tiles)):
+                    ints(args.n_tiles), ints(args.stages)):
                 # a warp's registers grow with its N tiles: past 1024 "thread-tiles" ptxas's count
                 # (130-168 for 4 tiles of 512 threads) exceeds what 65536 registers allow
                 if 32 * k_warps * warps_n <= 1024 and 32 * k_warps * n_tiles <= 1024:
-                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles)
+                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles, stages=stages)
     return list(out.values())
 
 
@@ -128,6 +130,41 @@ def build(cands: list[dict], act: str = "f16") -> None:
         c["gemm"] = Gemm(c["name"], builtin_format(c["format"]), c["schedule"], act)
         c["kernel"] = compile_gemm(c["gemm"], CUDA).kernel
         c["source"] = print_cuda(c["kernel"], inout_inputs=gemm_inout_inputs(c["kernel"]))
+
+
+#: Probe variants (`--probe`): the printed text of each candidate with a load's caching changed,
+#: to test a hypothesis before the IR carries it. "l1na": weight words loaded with
+#: ld.global.nc.L1::no_allocate (streamed past L1, which keeps the activations).
+WEIGHT_LOAD = "*reinterpret_cast<const mdsl::vec<uint32_t, 4>*>(&qweight["
+PROBE_HELPER = r"""
+__device__ __forceinline__ mdsl::vec<uint32_t, 4> mdsl_probe_ld(const uint32_t* p) {
+  mdsl::vec<uint32_t, 4> r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
+  return r;
+}
+"""
+
+
+def probe_variants(cands: list[dict], probes: list[str]) -> list[dict]:
+    """Copies of the candidates with their printed text mutated (`PROBE_HELPER`); the GPU
+    checks run them against the reference like every candidate."""
+    import dataclasses
+
+    out = []
+    for probe in probes:
+        if probe != "l1na":
+            raise SystemExit(f"--probe: unknown variant {probe!r} (known: l1na)")
+        for c in cands:
+            src = c["source"]
+            if WEIGHT_LOAD not in src.body:
+                continue
+            body = src.body.replace(WEIGHT_LOAD, "mdsl_probe_ld(&qweight[")
+            v = dict(c, name=f"{c['name']}_{probe}", tuned_for=[], probe=probe)
+            v["source"] = dataclasses.replace(src, name=f"{src.name}_{probe}", body=body,
+                                              declarations=src.declarations + PROBE_HELPER)
+            out.append(v)
+    return out
 
 
 def write_kernels(cands: list[dict], root: Path) -> None:
@@ -167,6 +204,8 @@ def dry_run(args) -> int:
 
     cands = candidates(args)
     build(cands)
+    if args.probe:
+        cands += probe_variants(cands, args.probe.split(","))
     write_kernels(cands, args.out / "kernels")
     failed = 0
     if find_nvcc() is None:
@@ -359,7 +398,8 @@ def ncu_command(args) -> list[str]:
     """ncu profiling this script in --drive mode: the passing kernels and the baselines,
     every kernel on a flushed L2, clocks left alone."""
     return ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--cache-control", "all",
-            "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum", "--log-file", str(args.out / "ncu.csv"),
+            "--metrics", ",".join(["gpu__time_duration.sum", "dram__bytes_read.sum", *filter(None, args.metrics.split(","))]),
+            "--log-file", str(args.out / "ncu.csv"),
             sys.executable, __file__, "--drive", "--out", str(args.out), "--kernels", str(args.kernels),
             "--labels", args.labels, "--shapes", args.shapes, "--ms", args.ms, "--formats", args.formats,
             "--baselines", args.baselines, "--passed", str(args.out / "passed.json"), "--copies", "1",
@@ -376,7 +416,8 @@ def time_with_ncu(args) -> list[dict]:
     print(proc.stdout[-2000:], proc.stderr[-2000:])
     if proc.returncode:
         raise SystemExit(proc.returncode)
-    return parse((args.out / "ncu.csv").read_text(), json.loads(Path(args.labels).read_text()))
+    return parse((args.out / "ncu.csv").read_text(), json.loads(Path(args.labels).read_text()),
+                 extra=[m for m in args.metrics.split(",") if m])
 
 
 def time_with_wall(cands: list[dict], args) -> list[dict]:
@@ -478,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-tiles", default="1", help="16-row N tiles per warp (tile_n = 16 x warps_n x n_tiles)")
     ap.add_argument("--unroll", default="1,2")
     ap.add_argument("--vectors", default="1,2", help="K vectors per step (tile_k = vectors x the layout's chunk)")
+    ap.add_argument("--stages", default="0", help="shared ring slots per warp for the weights (0: registers)")
+    ap.add_argument("--probe", default="", help="dry run: also text-mutated variants (l1na)")
+    ap.add_argument("--metrics", default="", help="more ncu metrics, comma-separated (kept per row)")
     ap.add_argument("--timer", default="ncu", choices=("ncu", "wall"))
     ap.add_argument("--baselines", default="copy,mlx_q4")
     ap.add_argument("--copies", type=int, default=4, help="weight copies rotated (wall timer)")

@@ -149,7 +149,9 @@ def drive(args) -> None:
     Path(args.labels).write_text(json.dumps(labels))
 
 
-def parse(csv_text: str, labels: list[dict]) -> list[dict]:
+def parse(csv_text: str, labels: list[dict], extra: list[str] = ()) -> list[dict]:
+    """Rows per subject (between marker kernels): METRICS summed or maxed over the subject's
+    kernels, and each `extra` metric as the value of its longest kernel."""
     rows = list(csv.DictReader(io.StringIO(csv_text[csv_text.index('"ID"'):])))
     rows = [r for r in rows if r.get("Kernel Name")]
     segments: list[list[dict]] = []
@@ -168,6 +170,10 @@ def parse(csv_text: str, labels: list[dict]) -> list[dict]:
         for metric, key in METRICS.items():
             vals = [float(str(r.get(metric, "nan")).replace(",", "") or "nan") for r in seg]
             res[key] = sum(vals) if key in ("time_ns", "dram_read_bytes") else (max(vals) if vals else None)
+        if seg and extra:
+            longest = max(seg, key=lambda r: float(str(r.get("gpu__time_duration.sum", "0")).replace(",", "") or 0))
+            for metric in extra:
+                res[metric] = float(str(longest.get(metric, "nan")).replace(",", "") or "nan")
         results.append(res)
     return results
 

@@ -5,11 +5,11 @@ and warp semantics; the outputs are checked against the float64 reference of the
 - Every non-wgmma GEMM kernel kind the suite builds: the seed pipelines (double-buffered,
   fused-dequant, striped) for the 7 built-in formats, the weight-stream and multistage
   pipelines for the 6 stream formats, f16 and bf16; M = 1, 3, 65 with N tails, K tails, the
-  unrolled stream loop, 2..4 stages, guarded copies and the tuned schedules (the activation
+  unrolled stream loop, the stream's shared ring (`WeightStream(stages)`), 2..4 stages, guarded copies and the tuned schedules (the activation
   sparsify kernels and the sparse GEMM: test_cuda_cpu_activation.py).
 - Mutations the interpreter cannot see fail here: `__hsub2` printed as `__hadd2`, the mma.sp
   metadata slots or thread pairs swapped in the Target table (which the packer and the
-  interpreter share), a barrier or a cp.async wait removed.
+  interpreter share), a barrier or a cp.async wait removed (multistage, the stream's ring).
 - The shim's MMAs on probe kernels equal the exact products; unordered metadata, shared memory
   nobody wrote, writes outside a buffer and wgmma kernels are reported.
 The shim's number formats are tested in test_cuda_cpu_shim.py.
@@ -47,10 +47,11 @@ ACTS = ("f16", "bf16")
 # ----- the kernels: (gemm, shapes) by name ------------------------------------------------------
 
 def ws_schedule(fmt, tile_m: int = 8, warps_n: int = 2, k_warps: int = 2, depth: int = 2, unroll: int = 1,
-                vectors: int = 1) -> Schedule:
+                vectors: int = 1, stages: int = 0) -> Schedule:
     chunk = stream_layout(fmt, CUDA).dense_chunk
     return Schedule("ws_cpu", tile_m=tile_m, tile_n=16 * warps_n, tile_k=vectors * chunk, warps_m=1,
-                    warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll))
+                    warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll,
+                                                           stages=stages))
 
 
 def ms_schedule(fmt, stages: int = 3, tile_m: int = 32, tile_n: int = 64, warps_m: int = 2,
@@ -96,6 +97,14 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
         chunk = stream_layout(fmt, CUDA).dense_chunk
         k = -(-6 * sched.tile_k // group) * group if group >= 128 else 7 * chunk - 32
         add(f"ws_unroll_{fname}_{group}_{unroll}{depth}{vectors}", fmt, sched, "f16", [(3, 40, k)])
+    for fname, group, act, stages, unroll, vectors in (  # the weight words through a shared ring
+            ("fp4", 128, "f16", 3, 1, 1), ("uint4_zp", 256, "bf16", 4, 2, 2), ("fp4_2of4", 128, "f16", 2, 1, 1),
+            ("int4_2of4", 256, "bf16", 4, 1, 2), ("fp4", 32, "f16", 3, 1, 1), ("fp4_2of4", 32, "f16", 4, 2, 1)):
+        fmt = md.builtin_format(fname, group)
+        sched = ws_schedule(fmt, tile_m=16, k_warps=4, depth=1, unroll=unroll, vectors=vectors, stages=stages)
+        chunk = stream_layout(fmt, CUDA).dense_chunk
+        k = -(-7 * sched.tile_k // group) * group if group >= 128 else 7 * chunk - 32  # group 32: a K tail
+        add(f"ws_ring_{fname}_{group}_{act}_s{stages}", fmt, sched, act, [(1, 33, k), (17, 40, k)])
     fmt = md.builtin_format("uint4_zp")
     for m in (1, 16, 40, 70):  # the tuned weight-stream schedules
         add(f"ws_tuned_m{m}", fmt, md.tuned_schedule(fmt, m), "f16", [(m, 24, 512)])
@@ -239,6 +248,15 @@ def test_missing_cp_async_waits_fail(built) -> None:
     drain = _mutant(compiled, "nodrain", "mdsl::cp_async_wait<0>();", "")
     with pytest.raises(CudaCPUError, match="copies in flight"):
         check_printed(gemm, kernel, drain, shapes)
+
+
+def test_missing_ring_wait_fails(built) -> None:
+    """The weight stream's ring: without the loop's wait a lane decodes its slot while the
+    copy is in flight (poison in the shim)."""
+    name = "ws_ring_fp4_128_f16_s3"
+    gemm, kernel, compiled = built[name]
+    mutant = _mutant(compiled, "noringwait", "mdsl::cp_async_wait<2>();", "")
+    assert not any(r.ok for r in check_printed(gemm, kernel, mutant, CASES[name][1]))
 
 
 # ----- the shim's MMAs and runtime on small kernels -------------------------------------------------

@@ -1,6 +1,8 @@
 """Lowering of the weight-stream pipeline (`WeightStream`, marlin_dsl/pipelines/weight_stream.py)
 to kernel IR, assembled from parts: the stream setup and MMAs (`parts/stream_family.py`),
-global-to-register loads (`parts/registers.py`), the k-warps reduction (`parts/epilogues.py`).
+global-to-register loads (`parts/registers.py`) or, with `stages`, weight words through a
+shared ring filled by asynchronous copies (`parts/ring_fetch.py`), the k-warps reduction
+(`parts/epilogues.py`).
 
 Y^T[N, M] = W^T[N, K] X^T[K, M]: the MMA's A operand is a 16 x 16 tile of W^T (N rows,
 stored-K columns), B a 16 x 8 tile of X^T (K rows, M columns), C a 16 x 8 tile of Y^T.
@@ -30,13 +32,13 @@ from typing import Callable
 from ..ir import F32, Kernel, SharedArray, Value
 from .parts.context import GemmContext
 from .parts.epilogues import KWarpReduce
-from .parts.registers import RegisterFetch
+from .parts.ring_fetch import RingFetch
 from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily
 from ..layouts.weight_stream import layout_name
 
 
-class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
+class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
     def __init__(self, ctx: GemmContext) -> None:
         super().__init__(ctx)
         self.init_stream()
@@ -50,6 +52,10 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
         wn, wk = self.stream_setup(("lane", "warp"), "wk", "nt", clamp=False)
         self.setup_fetch(s.tile_k // self.layout.dense_chunk)  # vectors per step
         depth, unroll, kw = p.depth, p.unroll, p.k_warps  # steps in flight; steps per iteration
+        if p.stages:  # weight words through the shared ring, stages - 1 steps ahead
+            self.setup_ring(p.stages)
+            for d in range(p.stages - 1):
+                self.issue_ring(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk"))
         sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk")) for d in range(depth)]
         first = [v for fetched in sets for v in fetched]
         per_set = len(sets[0])
@@ -59,7 +65,11 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
                      ahead_in_range: bool) -> tuple[list[Value], list[Value]]:
             ahead = self.op2("add", kv, depth * kw, hint="nx")
             prefetched = self.fetch(ahead, clamp=not ahead_in_range)
-            new_accs = self.step(kv, carried_fetch[:per_set], carried_accs)
+            words = []
+            if p.stages:
+                self.issue_ring(self.op2("add", kv, (p.stages - 1) * kw, hint="nx"))
+                words = self.read_ring(kv)
+            new_accs = self.step(kv, words + carried_fetch[:per_set], carried_accs)
             return [*carried_fetch[per_set:], *prefetched], new_accs
 
         def body(steps: int) -> Callable[[Value, list[list[Value]]], list[Value]]:
@@ -84,10 +94,12 @@ class WeightStreamLowering(StreamFamily, RegisterFetch, KWarpReduce):
         else:
             wk_rest = wk
         results = self.carried_for(wk_rest, self.KS, kw, carried, body(1), iv_hint="kv", hint="fin")
+        if p.stages:  # the copies past the warp's last step: none in flight beyond the loop
+            self.b.op("async_wait", attrs={"pending": 0})
         self.reduce_and_store(results[len(first):], wk, wn, self.pairs.rebias if self.rebias_at_end else 1.0)
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
-            shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m)],
+            shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m), *self.ring_arrays],
             attrs={"k_warps": p.k_warps, "weight_layout": layout_name(self.target)},
             memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)")
 

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from ..errors import ScheduleError
 from ..formats import Format
-from ..layouts.weight_stream import stream_layout
+from ..layouts.weight_stream import VECTOR_WORDS, stream_layout
 from ..targets.base import Target
 from .base import ScheduleShape, register_pipeline, require_positive
 
@@ -76,7 +76,7 @@ class WeightStream:
     of one step (the layout's vector chunk, or a multiple of it inside one scale group: then a
     step loads that many consecutive vectors and loads its scales, and multiplies its sums by
     them, once), warps_m 1. Pipeline fields: k_warps, depth (steps fetched ahead), unroll
-    (steps per loop iteration)."""
+    (steps per loop iteration), stages (a shared ring for the weight words, see below)."""
 
     k_warps: int = 4
     depth: int = 1  # steps fetched ahead of the one computing (registers per extra step: ~6)
@@ -86,12 +86,22 @@ class WeightStream:
     #: M = 16 (register pressure; bench/results/issue15_decode_notes.md), so the GPU sweep
     #: (bench/decode_sweep.py) decides
     unroll: int = 1
+    #: Shared-memory slots per warp for the weight words (0: none, registers only). With
+    #: S >= 2 each lane copies its words asynchronously S - 1 steps ahead into a ring and
+    #: reads them back from it (lowering/parts/ring_fetch.py): more bytes in flight without
+    #: the registers `depth` costs. Needs a target with asynchronous copies (CUDA).
+    stages: int = 0
     kind: Literal["weight_stream"] = "weight_stream"
     #: Its epilogue writes Y's columns as several outputs (`Gemm.outputs`; KWarpReduce).
     splits_outputs: ClassVar[bool] = True
 
     def validate(self, schedule: ScheduleShape) -> None:
         require_positive(schedule, "weight_stream", self, ("k_warps", "depth", "unroll"))
+        if not isinstance(self.stages, int) or isinstance(self.stages, bool) or self.stages == 1 \
+                or self.stages < 0:
+            raise ScheduleError(f"schedule {schedule.name!r}: weight_stream stages must be 0 (weights "
+                                f"in registers) or at least 2 (a ring of shared slots), got {self.stages!r}",
+                                schedule.location)
         if schedule.warps_m != 1:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream splits N and K among "
                                 f"warps, not M: warps_m must be 1, got {schedule.warps_m}", schedule.location)
@@ -102,6 +112,11 @@ class WeightStream:
 
     def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
         check_stream(schedule, self.kind, fmt, target, vectors=True, scatter=True)
+        if self.stages and target.async_copy_bytes < 4 * VECTOR_WORDS:
+            raise ScheduleError(
+                f"schedule {schedule.name!r}: weight_stream stages={self.stages} copies the weight "
+                f"words asynchronously, and {target.name} has no asynchronous copies of "
+                f"{4 * VECTOR_WORDS} bytes (Target.async_copy_bytes): set stages=0", schedule.location)
 
 
 __all__ = ["WeightStream", "check_stream"]

@@ -53,11 +53,16 @@ class RegisterFetch(GemmParts):
         if self.clamped and clamp:
             ks = self.op2("min", ks, self.last_step, hint="kc")
         kvs = self.step_vectors(ks)
+        out = self.fetch_words(kvs)
+        if self.prefetch_params:
+            out += self.fetch_params(kvs[0])
+        return out
+
+    def fetch_words(self, kvs: list[Value]) -> list[Value]:
+        """The weight words (and sparse metadata) of K vectors kvs, loaded into registers."""
         out = [self.load_words(j, kv) for kv in kvs for j in range(self.nsub)]
         if self.layout.has_meta:
             out += [self.load_meta(j, kv) for kv in kvs for j in range(self.nsub)]
-        if self.prefetch_params:
-            out += self.fetch_params(kvs[0])
         return out
 
     def unpack_fetched(self, fetched: list[Value]) -> tuple[list[list[Value]], list[list[Value]], list[dict] | None]:
