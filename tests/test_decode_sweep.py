@@ -21,6 +21,7 @@ from marlin_dsl.targets.cuda.nvcc import find_nvcc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import decode_sweep  # noqa: E402
+import decode_sweep_kernels  # noqa: E402
 
 SMALL = ["--formats", "fp4", "--k-warps", "4", "--depth", "1", "--warps-n", "1", "--unroll", "1,2", "--vectors", "1"]
 
@@ -148,3 +149,22 @@ def test_example_formats_gpu_script_runs_its_checks_on_mlx_ops(tmp_path) -> None
     env.pop("MARLIN_DSL_POISON")
     refused = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert refused.returncode == 2 and "MARLIN_DSL_POISON" in refused.stdout
+
+
+def test_ring_and_probe_variants_are_built(tmp_path: Path) -> None:
+    """`--stages` adds ring kernels (WeightStream(stages)) to the grid, `--probe l1na` copies of
+    every kernel whose weight loads bypass L1 (the printed text mutated; the GPU checks run
+    them against the reference like the rest)."""
+    rc = decode_sweep.main(["--dry-run", "--out", str(tmp_path), "--ms", "16", "--shapes", "4096x14336",
+                            "--no-sass", "--stages", "0,3", "--probe", "l1na", "--formats", "fp4", "--k-warps", "4",
+                            "--depth", "1", "--warps-n", "1", "--unroll", "1", "--vectors", "1"])
+    assert rc == 0
+    names = {k["name"] for k in json.loads((tmp_path / "dry_run.json").read_text())["kernels"]}
+    assert {"fp4_m16_n16_kw4_d1_u1_v1", "fp4_m16_n16_kw4_d1_u1_v1_s3", "fp4_m16_n16_kw4_d1_u1_v1_l1na"} <= names
+    assert "fp4_m16_n16_kw4_d1_u1_v1_s3_l1na" not in names  # the ring reads its words from shared memory
+    ring = (tmp_path / "kernels" / "fp4_m16_n16_kw4_d1_u1_v1_s3.cu").read_text()
+    assert "cp_async<16>(&w_ring[" in ring and "cp_async_wait<2>()" in ring
+    probe = (tmp_path / "kernels" / "fp4_m16_n16_kw4_d1_u1_v1_l1na.cu").read_text()
+    assert "ld.global.nc.L1::no_allocate.v4.u32" in probe and decode_sweep_kernels.WEIGHT_LOAD not in probe.split("custom_kernel")[-1]
+    with pytest.raises(SystemExit, match="unknown variant"):
+        decode_sweep_kernels.probe_variants([], ["l2"])

@@ -1,0 +1,151 @@
+"""The kernels of bench/decode_sweep.py: the candidate schedules (the tuned ones and the grid
+the command line asks for), built and printed for CUDA, the probe variants (printed text with a
+load's caching changed), and the kernels folder a dry run writes and the GPU run reads."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+# ----- candidates -----------------------------------------------------------------------------------
+
+def candidates(args) -> list[dict]:
+    """[{name, format, m, tuned_for: [(K, N)], schedule fields}]: one entry per distinct kernel."""
+    import marlin_dsl as md
+    from marlin_dsl import CUDA
+    from marlin_dsl.errors import ScheduleError
+    from marlin_dsl.layouts.weight_stream import stream_layout
+    from marlin_dsl.schedule import Schedule, WeightStream
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+
+    shapes = parse_shapes(args.shapes)
+    out: dict[str, dict] = {}
+
+    def add(fmt_name: str, m: int, tile_m: int, warps_n: int, k_warps: int, depth: int, unroll: int,
+            vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1, stages: int = 0) -> None:
+        tile_n = 16 * warps_n * n_tiles
+        # n_tiles > 1: one warp decodes several 16-row N tiles and reuses each B fragment
+        # (activation load) across them: fewer requested bytes and instructions per weight
+        wide = f"t{n_tiles}" if n_tiles > 1 else ""
+        ring = f"_s{stages}" if stages else ""  # the weight words through a shared ring
+        name = f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}"
+        if name not in out:
+            fmt = md.builtin_format(fmt_name)
+            chunk = stream_layout(fmt, CUDA).dense_chunk
+            sched = Schedule(name, tile_m=tile_m, tile_n=tile_n, tile_k=vectors * chunk,
+                             warps_m=1, warps_n=warps_n,
+                             pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll, stages=stages))
+            try:
+                sched.check(fmt, CUDA)
+            except ScheduleError as exc:
+                print(f"skip {name}: {exc}")
+                return
+            out[name] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": tile_n,
+                         "warps_n": warps_n, "n_tiles": n_tiles, "k_warps": k_warps, "depth": depth, "unroll": unroll,
+                         "vectors": vectors, "stages": stages, "tuned_for": [], "schedule": sched}
+        if tuned_for is not None:
+            out[name]["tuned_for"].append(list(tuned_for))
+
+    for fmt_name in args.formats.split(","):
+        fmt = md.builtin_format(fmt_name)
+        for m in ints(args.ms):
+            tile_m = 8 if m <= 8 else 16
+            for k, n in shapes:
+                t = tuned_schedule(fmt, m, CUDA, k, n)
+                p = t.pipeline
+                add(fmt_name, m, t.tile_m, t.warps_n, p.k_warps, p.depth, p.unroll,
+                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n), t.tile_n // (16 * t.warps_n), p.stages)
+            for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages in itertools.product(
+                    ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
+                    ints(args.n_tiles), ints(args.stages)):
+                # a warp's registers grow with its N tiles: past 1024 "thread-tiles" ptxas's count
+                # (130-168 for 4 tiles of 512 threads) exceeds what 65536 registers allow
+                if 32 * k_warps * warps_n <= 1024 and 32 * k_warps * n_tiles <= 1024:
+                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles, stages=stages)
+    return list(out.values())
+
+
+def build(cands: list[dict], act: str = "f16") -> None:
+    """Compile and print every candidate: entry["kernel"] (IR) and entry["source"] (CudaSource)."""
+    from marlin_dsl import CUDA, Gemm, builtin_format
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
+    from marlin_dsl.targets.cuda.printer import print_cuda
+
+    for c in cands:
+        c["gemm"] = Gemm(c["name"], builtin_format(c["format"]), c["schedule"], act)
+        c["kernel"] = compile_gemm(c["gemm"], CUDA).kernel
+        c["source"] = print_cuda(c["kernel"], inout_inputs=gemm_inout_inputs(c["kernel"]))
+
+
+#: Probe variants (`--probe`): the printed text of each candidate with a load's caching changed,
+#: to test a hypothesis before the IR carries it. "l1na": weight words loaded with
+#: ld.global.nc.L1::no_allocate (streamed past L1, which keeps the activations).
+WEIGHT_LOAD = "*reinterpret_cast<const mdsl::vec<uint32_t, 4>*>(&qweight["
+PROBE_HELPER = r"""
+__device__ __forceinline__ mdsl::vec<uint32_t, 4> mdsl_probe_ld(const uint32_t* p) {
+  mdsl::vec<uint32_t, 4> r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
+  return r;
+}
+"""
+
+
+def probe_variants(cands: list[dict], probes: list[str]) -> list[dict]:
+    """Copies of the candidates with their printed text mutated (`PROBE_HELPER`); the GPU
+    checks run them against the reference like every candidate."""
+    import dataclasses
+
+    out = []
+    for probe in probes:
+        if probe != "l1na":
+            raise SystemExit(f"--probe: unknown variant {probe!r} (known: l1na)")
+        for c in cands:
+            src = c["source"]
+            if WEIGHT_LOAD not in src.body:
+                continue
+            body = src.body.replace(WEIGHT_LOAD, "mdsl_probe_ld(&qweight[")
+            v = dict(c, name=f"{c['name']}_{probe}", tuned_for=[], probe=probe)
+            v["source"] = dataclasses.replace(src, name=f"{src.name}_{probe}", body=body,
+                                              declarations=src.declarations + PROBE_HELPER)
+            out.append(v)
+    return out
+
+
+def write_kernels(cands: list[dict], root: Path) -> None:
+    """manifest.json + one CudaSource JSON and one readable .cu per kernel."""
+    root.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for c in cands:
+        (root / f"{c['name']}.json").write_text(json.dumps(c["source"].to_json()))
+        (root / f"{c['name']}.cu").write_text(c["source"].full_source())
+        entries.append({**public(c), "file": f"{c['name']}.json"})
+    (root / "manifest.json").write_text(json.dumps({"kernels": entries}, indent=1))
+
+
+def load_kernels(root: Path, args) -> list[dict]:
+    from marlin_dsl.targets.cuda.source import CudaSource
+
+    manifest = json.loads((root / "manifest.json").read_text())
+    formats, ms = set(args.formats.split(",")), set(ints(args.ms))
+    cands = [dict(e) for e in manifest["kernels"] if e["format"] in formats and e["m"] in ms]
+    for c in cands:
+        c["source"] = CudaSource.from_json(json.loads((root / c["file"]).read_text()))
+    return cands
+
+
+def public(c: dict) -> dict:
+    """The JSON-safe fields of a candidate."""
+    return {k: v for k, v in c.items() if k not in ("schedule", "gemm", "kernel", "source", "launcher")}
+
+
+def ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]  # type: ignore[misc]
+
+
+__all__ = ["candidates", "build", "probe_variants", "write_kernels", "load_kernels", "public", "ints", "parse_shapes"]
