@@ -4,8 +4,8 @@ For every format, M and weight shape [K, N], the candidates are the tuned schedu
 (`targets/cuda/tuning.py`) and the grid k_warps x depth x warps_n x n_tiles (tile_n = 16 warps_n n_tiles) x unroll
 x vectors (K vectors per step: tile_k = vectors x the layout's chunk; tile_m 8 for M <= 8, else 16)
 x stages (`--stages`: the weight words through a shared ring filled by cp.async; 0 = registers),
-and with `--probe l1na` a copy of each whose weight loads skip L1 (the candidates and the kernels
-folder: decode_sweep_kernels.py). Per candidate, on the GPU through MLX's CUDA backend:
+and with `--probe` text-mutated copies (l1na: weight loads that skip L1; xpf1/xpf2: activations
+prefetched 1/2 steps ahead; the candidates and the kernels folder: decode_sweep_kernels.py). Per candidate, on the GPU through MLX's CUDA backend:
 
 1. correctness: fresh random weights (`sample_weights`, packed) and activations (rounded to
    f16) per shape, outputs poisoned with NaN, y against the float64 `reference_matmul` with the

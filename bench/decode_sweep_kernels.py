@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 # ----- candidates -----------------------------------------------------------------------------------
@@ -78,10 +79,13 @@ def build(cands: list[dict], act: str = "f16") -> None:
         c["source"] = print_cuda(c["kernel"], inout_inputs=gemm_inout_inputs(c["kernel"]))
 
 
-#: Probe variants (`--probe`): the printed text of each candidate with a load's caching changed,
-#: to test a hypothesis before the IR carries it. "l1na": weight words loaded with
-#: ld.global.nc.L1::no_allocate (streamed past L1, which keeps the activations).
+#: Probe variants (`--probe`): the printed text of each candidate changed, to test a hypothesis
+#: before the IR carries it. "l1na": weight words loaded with ld.global.nc.L1::no_allocate
+#: (streamed past L1, which keeps the activations). "xpf1" / "xpf2": after each activation
+#: load, a `prefetch.global.L1` of the same lane's activations 1 / 2 steps ahead (no
+#: registers held; bounded by M * K), so a step's activations wait less on L2.
 WEIGHT_LOAD = "*reinterpret_cast<const mdsl::vec<uint32_t, 4>*>(&qweight["
+X_LOAD = re.compile(r"(= \*reinterpret_cast<const mdsl::vec<__half, \d+>\*>\(&x\[(v_\w+)\]\);)")
 PROBE_HELPER = r"""
 __device__ __forceinline__ mdsl::vec<uint32_t, 4> mdsl_probe_ld(const uint32_t* p) {
   mdsl::vec<uint32_t, 4> r;
@@ -89,7 +93,22 @@ __device__ __forceinline__ mdsl::vec<uint32_t, 4> mdsl_probe_ld(const uint32_t* 
       : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
   return r;
 }
+__device__ __forceinline__ void mdsl_probe_pf(const __half* x, uint32_t i, uint32_t n) {
+  if (i < n) asm volatile("prefetch.global.L1 [%0];" ::"l"(x + i));
+}
 """
+PROBES = ("l1na", "xpf1", "xpf2")
+
+
+def probe_body(c: dict, probe: str) -> str | None:
+    """The candidate's body with `probe` applied (None: nothing to change in it)."""
+    body = c["source"].body
+    if probe == "l1na":
+        return body.replace(WEIGHT_LOAD, "mdsl_probe_ld(&qweight[") if WEIGHT_LOAD in body else None
+    if c["source"].elems.get("x") != "f16" or not X_LOAD.search(body) or "v_M0" not in body or "v_K0" not in body:
+        return None
+    ahead = int(probe[-1]) * c["k_warps"] * c["schedule"].tile_k  # activations a step ahead: k_warps steps on
+    return X_LOAD.sub(lambda mt: f"{mt.group(1)} mdsl_probe_pf(x, {mt.group(2)} + {ahead}u, v_M0 * v_K0);", body)
 
 
 def probe_variants(cands: list[dict], probes: list[str]) -> list[dict]:
@@ -99,13 +118,13 @@ def probe_variants(cands: list[dict], probes: list[str]) -> list[dict]:
 
     out = []
     for probe in probes:
-        if probe != "l1na":
-            raise SystemExit(f"--probe: unknown variant {probe!r} (known: l1na)")
+        if probe not in PROBES:
+            raise SystemExit(f"--probe: unknown variant {probe!r} (known: {', '.join(PROBES)})")
         for c in cands:
-            src = c["source"]
-            if WEIGHT_LOAD not in src.body:
+            body = probe_body(c, probe)
+            if body is None:
                 continue
-            body = src.body.replace(WEIGHT_LOAD, "mdsl_probe_ld(&qweight[")
+            src = c["source"]
             v = dict(c, name=f"{c['name']}_{probe}", tuned_for=[], probe=probe)
             v["source"] = dataclasses.replace(src, name=f"{src.name}_{probe}", body=body,
                                               declarations=src.declarations + PROBE_HELPER)

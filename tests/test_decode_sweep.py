@@ -152,11 +152,11 @@ def test_example_formats_gpu_script_runs_its_checks_on_mlx_ops(tmp_path) -> None
 
 
 def test_ring_and_probe_variants_are_built(tmp_path: Path) -> None:
-    """`--stages` adds ring kernels (WeightStream(stages)) to the grid, `--probe l1na` copies of
-    every kernel whose weight loads bypass L1 (the printed text mutated; the GPU checks run
-    them against the reference like the rest)."""
+    """`--stages` adds ring kernels (WeightStream(stages)) to the grid, `--probe` copies of every
+    kernel with its printed text mutated (l1na: weight loads that bypass L1; xpf2: activations
+    prefetched two steps ahead); the GPU checks run them against the reference like the rest."""
     rc = decode_sweep.main(["--dry-run", "--out", str(tmp_path), "--ms", "16", "--shapes", "4096x14336",
-                            "--no-sass", "--stages", "0,3", "--probe", "l1na", "--formats", "fp4", "--k-warps", "4",
+                            "--no-sass", "--stages", "0,3", "--probe", "l1na,xpf2", "--formats", "fp4", "--k-warps", "4",
                             "--depth", "1", "--warps-n", "1", "--unroll", "1", "--vectors", "1"])
     assert rc == 0
     names = {k["name"] for k in json.loads((tmp_path / "dry_run.json").read_text())["kernels"]}
@@ -166,5 +166,8 @@ def test_ring_and_probe_variants_are_built(tmp_path: Path) -> None:
     assert "cp_async<16>(&w_ring[" in ring and "cp_async_wait<2>()" in ring
     probe = (tmp_path / "kernels" / "fp4_m16_n16_kw4_d1_u1_v1_l1na.cu").read_text()
     assert "ld.global.nc.L1::no_allocate.v4.u32" in probe and decode_sweep_kernels.WEIGHT_LOAD not in probe.split("custom_kernel")[-1]
+    prefetch = (tmp_path / "kernels" / "fp4_m16_n16_kw4_d1_u1_v1_xpf2.cu").read_text()
+    assert prefetch.count("mdsl_probe_pf(x, ") == 2  # after each of the step's 2 activation loads (M = 16)
+    assert "+ 512u, v_M0 * v_K0)" in prefetch  # 2 steps of 4 K warps x 64 positions ahead
     with pytest.raises(SystemExit, match="unknown variant"):
         decode_sweep_kernels.probe_variants([], ["l2"])
