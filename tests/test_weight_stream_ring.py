@@ -12,7 +12,8 @@ import marlin_dsl as md
 from marlin_dsl import CUDA, METAL, Gemm, Schedule, WeightStream
 from marlin_dsl.checks.kernel_check import check_kernel
 from marlin_dsl.compiler import compile_gemm
-from marlin_dsl.errors import ScheduleError
+from marlin_dsl.errors import CompileError, ScheduleError
+from marlin_dsl.ir.text import assert_round_trip
 from marlin_dsl.layouts.weight_stream import stream_layout
 
 RING_FORMATS = ("fp4", "int4", "uint4_zp", "nf4", "fp4_2of4", "int4_2of4")
@@ -83,8 +84,15 @@ def test_ring_is_sized_per_warp_and_stage() -> None:
     assert shared["m_ring"] == warps * 4 * per_piece * layout.meta_words
 
 
+def test_ring_kernel_text_round_trips() -> None:
+    fmt = md.builtin_format("fp4_2of4")
+    assert_round_trip(compile_gemm(Gemm("ring_text", fmt, ring_schedule(fmt, 3), "f16"), CUDA).kernel)
+
+
 def test_ring_errors_name_the_schedule() -> None:
     fmt = md.builtin_format("fp4")
+    with pytest.raises(CompileError, match=r"weight ring .* over cuda's limit"):  # 64 slots of 16 warps
+        compile_gemm(Gemm("ring_big", fmt, ring_schedule(fmt, 64, tile_m=16, warps_n=1, k_warps=16), "f16"), CUDA)
     for bad in (1, -2, True, 2.0):
         with pytest.raises(ScheduleError, match=r"stages must be 0 .* or at least 2"):
             ring_schedule(fmt, bad)

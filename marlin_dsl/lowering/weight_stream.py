@@ -101,7 +101,8 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
             self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
             shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m), *self.ring_arrays],
             attrs={"k_warps": p.k_warps, "weight_layout": layout_name(self.target)},
-            memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)")
+            memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)"
+                   + (" and the weight ring (warps x stages x a step's words)" if p.stages else ""))
 
     def tiles_per_group(self) -> int:
         """K tiles of a vector that lie in one scale group: groups smaller than a vector that

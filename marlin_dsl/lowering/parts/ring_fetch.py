@@ -84,8 +84,9 @@ class RingFetch(RegisterFetch):
     def read_ring(self, ks: Value) -> list[Value]:
         """Step ks's words, after the wait that retires its copy: in `fetch`'s order (every
         vector's N tiles' words, then their metadata). A sparse tile past N reads the
-        clamped last tile's metadata (valid fields); a predicated, zero-filled one reads 0,
-        which, as the register fetch's absent tiles, is never stored (`idle_if_absent`)."""
+        clamped last tile's metadata (valid fields); where copies are predicated its copy is
+        zero-filled and `idle_if_absent` gives its MMA valid fields instead (its rows are
+        never stored)."""
         self.b.op("async_wait", attrs={"pending": self.stages - 1})
         slot = self.ring_slot(ks)
         lay = self.layout
