@@ -3,6 +3,7 @@ the command line asks for), built and printed for CUDA, the probe variants (prin
 load's caching changed), and the kernels folder a dry run writes and the GPU run reads."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -114,8 +115,6 @@ def probe_body(c: dict, probe: str) -> str | None:
 def probe_variants(cands: list[dict], probes: list[str]) -> list[dict]:
     """Copies of the candidates with their printed text mutated (`PROBE_HELPER`); the GPU
     checks run them against the reference like every candidate."""
-    import dataclasses
-
     out = []
     for probe in probes:
         if probe not in PROBES:

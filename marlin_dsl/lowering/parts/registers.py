@@ -90,14 +90,21 @@ class RegisterFetch(GemmParts):
             if size == 1:
                 return b.value("load", operands, U32, {"buffer": "meta"}, hint="meta")
             return b.value("vload", operands, VectorType(U32, size), {"buffer": "meta", "size": size}, hint="meta")
-        # Where the tile is absent the MMA still runs (its rows are never stored): give it the
-        # valid ordered positions (0, 1) in every group (0b0100 per field), not zeros, whose
-        # result is undefined on the hardware.
-        valid = b.const(self.target.sparse_idle_metadata)
         if size == 1:
-            return b.select(pred, b.load("meta", idx, U32, pred, hint="meta"), valid, hint="meta")
-        loaded = b.value("vload", [idx, pred], VectorType(U32, size), {"buffer": "meta", "size": size}, hint="meta")
-        return b.select(pred, loaded, b.value("vec", [valid] * size, VectorType(U32, size), hint="meta"), hint="meta")
+            return self.idle_unless(pred, b.load("meta", idx, U32, pred, hint="meta"))
+        return self.idle_unless(pred, b.value("vload", [idx, pred], VectorType(U32, size),
+                                              {"buffer": "meta", "size": size}, hint="meta"))
+
+    def idle_unless(self, present: Value, meta: Value) -> Value:
+        """`meta` where `present`, else the target's idle metadata: where the tile is absent the
+        sparse MMA still runs (its rows are never stored), so give it the valid ordered
+        positions (0, 1) in every group (0b0100 per field), not zeros, whose result is
+        undefined on the hardware."""
+        b = self.b
+        valid = b.const(self.target.sparse_idle_metadata)
+        if isinstance(meta.type, VectorType):
+            valid = b.value("vec", [valid] * meta.type.size, meta.type, hint="meta")
+        return b.select(present, meta, valid, hint="meta")
 
     def lane_slot(self, j: int, kv: Value, size: int, hint: str) -> tuple[Value, Value | None]:
         """(index, exists) of this lane's `size` words for N tile j and K vector kv in an array

@@ -100,16 +100,12 @@ class RingFetch(RegisterFetch):
         return out
 
     def idle_if_absent(self, j: int, meta: Value) -> Value:
-        """Predicated loads: a sparse MMA of an absent N tile still runs, so give it the
-        target's idle metadata (valid fields) instead of the zero-filled copy, as
-        `RegisterFetch.load_meta` does (a scattered layout's 0 selects no kept value: kept)."""
+        """Predicated copies: an absent N tile's zero-filled metadata replaced by the target's
+        idle metadata (`idle_unless`), as `RegisterFetch.load_meta` does (a scattered
+        layout's 0 selects no kept value: kept)."""
         if self.clamped or self.layout.scatter is not None:
             return meta
-        b, size = self.b, self.layout.meta_words
-        valid = b.const(self.target.sparse_idle_metadata)
-        if size > 1:
-            valid = b.value("vec", [valid] * size, VectorType(U32, size), hint="meta")
-        return b.select(self.tile_ok[j], meta, valid, hint="meta")
+        return self.idle_unless(self.tile_ok[j], meta)
 
     def ring_load(self, shared: str, idx: Value, words: int, hint: str) -> Value:
         if words == 1:
