@@ -11,6 +11,7 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import cli
+from marlin_dsl.cli import compile as cli_compile
 from marlin_dsl.cli import main
 from marlin_dsl.errors import SpecError
 from marlin_dsl.spec import load_spec
@@ -138,7 +139,7 @@ def test_ctrl_c_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     def interrupted(_args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_formats", interrupted)
+    monkeypatch.setattr(cli_compile, "cmd_formats", interrupted)
     assert main(["formats"]) == cli.EXIT_INTERRUPTED
     assert capsys.readouterr().err == "marlin-dsl: interrupted\n"
 
