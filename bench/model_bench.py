@@ -15,7 +15,11 @@ The embedding and lm_head stay fp16 in every variant (the same bytes for all). D
 `mlx_lm.generate.generate_step` from a 32-token prompt, after a warm-up generation; the rate
 is over tokens 2..N (the first includes the prefill). Prefill: the time to the first token of
 `generate_step` for a 512- and a 2048-token prompt. All variants are built and warmed up
-first, then measured in turns, `--repeats` rounds; the medians are reported. Graph build:
+first, then measured in turns, `--repeats` rounds; the medians are reported. Batched decode
+(`--batch 16 32`): mlx-lm's continuous batching (`mlx_lm.generate.BatchGenerator`, what
+`mlx_lm.server` serves with) generating `--batch-tokens` tokens for each of B 32-token prompts
+at once; the rate is its own generated tokens per second of generation time (prompt processing
+excluded), all B streams together. Graph build:
 the Python time of one decode step's forward (building the graph, not evaluating it), which
 `generate_step` overlaps with the device's work of the step before.
 
@@ -122,6 +126,25 @@ def graph_build_time(model: nn.Module, prompt: mx.array, steps: int = 32) -> flo
     return total / steps
 
 
+def batched_decode_once(model: nn.Module, batch: int, tokens: int, vocab: int) -> dict:
+    """Continuous batching as mlx-lm serves: B fresh 32-token prompts, `tokens` each, greedy,
+    no stop tokens. Returns generated tokens per second (all streams, generation time only)
+    and the prompt tokens per second of its prefill."""
+    from mlx_lm.generate import BatchGenerator
+
+    prompts = mx.random.randint(0, vocab, (batch, 32)).tolist()
+    gen = BatchGenerator(model, max_tokens=tokens, completion_batch_size=batch, prefill_batch_size=batch)
+    try:
+        gen.insert(prompts, [tokens] * batch)
+        with gen.stats() as stats:
+            while gen.next_generated():
+                pass
+    finally:
+        gen.close()
+    return {"tokens_per_s": stats.generation_tps, "prompt_tokens_per_s": stats.prompt_tps,
+            "generated": stats.generation_tokens}
+
+
 def prefill_once(model: nn.Module, length: int, vocab: int) -> float:
     """Seconds to the first token of `generate_step` for a fresh random prompt."""
     from mlx_lm.generate import generate_step
@@ -140,6 +163,9 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--prefill", type=int, nargs="*", default=[512, 2048])
+    parser.add_argument("--batch", type=int, nargs="*", default=[],
+                        help="batch sizes of a batched (continuous batching) decode, e.g. 16 32")
+    parser.add_argument("--batch-tokens", type=int, default=64, help="tokens per stream of a batched decode")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
     parser.add_argument("--small", action="store_true", help="a tiny model, to try the script")
@@ -167,10 +193,12 @@ def main() -> int:
         decode_once(model, prompt, 8)  # compiles every kernel a decode step launches
         for length in args.prefill:
             prefill_once(model, length, margs.vocab_size)
+        for b in args.batch:
+            batched_decode_once(model, b, 4, margs.vocab_size)
         models[variant] = model
         rows[variant] = {"variant": variant, "convert_s": seconds, "weight_gb": size / 1e9,
                          "warmup_s": time.perf_counter() - t0, "decode": [],
-                         **{f"prefill_{n}": [] for n in args.prefill}}
+                         **{f"prefill_{n}": [] for n in args.prefill}, **{f"batch_{b}": [] for b in args.batch}}
         print(f"{variant:>13}: converted in {seconds:6.1f} s, {size / 1e9:5.2f} GB, "
               f"warm-up {rows[variant]['warmup_s']:5.1f} s", flush=True)
     for r in range(args.repeats):
@@ -178,6 +206,8 @@ def main() -> int:
             rows[variant]["decode"].append(decode_once(model, prompt, args.decode_tokens))
             for length in args.prefill:
                 rows[variant][f"prefill_{length}"].append(prefill_once(model, length, margs.vocab_size))
+            for b in args.batch:
+                rows[variant][f"batch_{b}"].append(batched_decode_once(model, b, args.batch_tokens, margs.vocab_size))
         print(f"round {r + 1}: " + ", ".join(f"{v} {rows[v]['decode'][-1] * 1e3:.2f}" for v in models)
               + " ms/token", flush=True)
     for variant, model in models.items():
@@ -190,19 +220,27 @@ def main() -> int:
             times = row.pop(f"prefill_{length}")
             row[f"prefill_{length}_ms"] = statistics.median(times) * 1e3
             row[f"prefill_{length}_ms_all"] = [t * 1e3 for t in times]
+        for b in args.batch:
+            runs = row.pop(f"batch_{b}")
+            row[f"batch_{b}_tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in runs)
+            row[f"batch_{b}_all"] = runs
         print(f"{variant:>13}: decode {row['decode_ms_per_token']:6.2f} ms/token "
               f"({row['decode_tokens_per_s']:6.1f} tok/s, graph build {row['graph_build_ms_per_token']:5.2f} ms), "
-              + ", ".join(f"prefill {n}: {row[f'prefill_{n}_ms']:7.1f} ms" for n in args.prefill), flush=True)
+              + ", ".join([f"prefill {n}: {row[f'prefill_{n}_ms']:7.1f} ms" for n in args.prefill]
+                          + [f"batch {b}: {row[f'batch_{b}_tokens_per_s']:7.1f} tok/s" for b in args.batch]), flush=True)
     rows = list(rows.values())
     ref = {r["variant"]: r for r in rows}.get("mlx_4bit_g64")
     if ref:
         print("\nagainst mlx-lm 4-bit (decode tokens/s ratio; prefill time ratio, < 1 is faster):")
         for r in rows:
             print(f"  {r['variant']:>13}: decode x{r['decode_tokens_per_s'] / ref['decode_tokens_per_s']:.2f}, "
-                  + ", ".join(f"prefill {n} x{r[f'prefill_{n}_ms'] / ref[f'prefill_{n}_ms']:.2f}" for n in args.prefill))
+                  + ", ".join([f"prefill {n} x{r[f'prefill_{n}_ms'] / ref[f'prefill_{n}_ms']:.2f}" for n in args.prefill]
+                              + [f"batch {b} x{r[f'batch_{b}_tokens_per_s'] / ref[f'batch_{b}_tokens_per_s']:.2f}"
+                                 for b in args.batch]))
     doc = {"device": mx.device_info() if hasattr(mx, "device_info") else str(mx.default_device()),
            "mlx": mx.__version__, "dtype": args.dtype, "date": date.today().isoformat(), "python": platform.python_version(),
            "commit": args.commit or _git_commit(), "layers": args.layers, "decode_tokens": args.decode_tokens,
+           "batch_tokens": args.batch_tokens, "repeats": args.repeats,
            "rows": rows}
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
