@@ -26,8 +26,8 @@ import numpy as np
 from marlin_dsl.activation import kernels
 from marlin_dsl.activation.ffn import dense_ffn, sparse_ffn
 from marlin_dsl.layouts.sparse_activation import ActivationLayout
-from marlin_dsl.activation.reference import operand_shape, sparsify_reference
-from marlin_dsl.activation.spec import SparsifySpec
+from marlin_dsl.formats.activation_reference import operand_shape, sparsify_reference
+from marlin_dsl.formats.activation_spec import SparsifySpec
 from marlin_dsl.ir.numerics import round_to_activation
 
 MX = {"f16": mx.float16, "bf16": mx.bfloat16}

@@ -17,7 +17,7 @@ from pathlib import Path
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.ir.text import print_kernel
 from marlin_dsl.spec import load_spec
-from marlin_dsl.targets import TARGETS
+from marlin_dsl.machine import TARGETS
 
 ROOT = Path(__file__).resolve().parent.parent
 

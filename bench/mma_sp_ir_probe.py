@@ -11,7 +11,7 @@ so one metadata register carries both tiles (the lanes a selector does not read 
 tile's valid metadata, so a wrong lane mapping cannot pass by accident). It stores
 y[w*256 : w*256+128] = d0 (16x8 row-major) and y[w*256+128 : w*256+256] = d1 for every warp w.
 The buffers come from random 2:4-sparse A0, A1 (16x32) and B (32x8) of small integers via
-`marlin_dsl.targets.cuda.sparse_layout`, so A0 @ B and A0 @ B + A1 @ B are exact in f32 and
+`marlin_dsl.machine.cuda.sparse_layout`, so A0 @ B and A0 @ B + A1 @ B are exact in f32 and
 the check is equality. The interpreter runs the same kernel first (it must agree exactly too).
 
     PYTHONPATH=/tmp/site:$PWD python3 bench/mma_sp_ir_probe.py            # on the GPU machine
@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from marlin_dsl.targets.cuda import sparse_layout as sl  # noqa: E402
+from marlin_dsl.machine.cuda import sparse_layout as sl  # noqa: E402
 from marlin_dsl.targets.cuda.launch import mlx_kernel  # noqa: E402
 from marlin_dsl.ir import (BF16, F16, F32, U32, Builder, BufferParam, FragmentType, GridDim,  # noqa: E402
                            Kernel, ScalarParam, VectorType, verify)

@@ -1,4 +1,4 @@
-"""Check marlin_dsl/targets/cuda/sparse_layout.py against the GPU.
+"""Check marlin_dsl/machine/cuda/sparse_layout.py against the GPU.
 
 Generates random 2:4-sparse A (16 x 32), B (32 x 8) and C (16 x 8) of small integers (exact in
 f16, bf16 and f32), builds every lane's A/B/C registers and metadata word with the layout
@@ -36,7 +36,7 @@ CU = HERE / "mma_sp_probe.cu"
 
 def _load_layout():
     # Load the module by path so that the probe needs numpy only (not the package's deps).
-    path = ROOT / "marlin_dsl" / "targets" / "cuda" / "sparse_layout.py"
+    path = ROOT / "marlin_dsl" / "machine" / "cuda" / "sparse_layout.py"
     spec = importlib.util.spec_from_file_location("cuda_sparse_layout", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

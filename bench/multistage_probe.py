@@ -47,7 +47,7 @@ def main() -> int:
     from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import Gemm, Multistage, Schedule
     from marlin_dsl.targets.cuda.tuning import multistage_schedule
-    from marlin_dsl.targets import CUDA
+    from marlin_dsl.machine import CUDA
 
     rng = np.random.default_rng(0)
     rows: list[dict] = []

@@ -66,7 +66,7 @@ def subjects(args):
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule
     from marlin_dsl.schedule import Gemm, Multistage, Schedule, WeightStream
-    from marlin_dsl.targets import CUDA
+    from marlin_dsl.machine import CUDA
 
     import cupy as cp
 

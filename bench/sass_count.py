@@ -80,7 +80,8 @@ def main() -> int:
     from marlin_dsl import builtin_format
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.schedule import Gemm
-    from marlin_dsl.targets import CUDA, emit
+    from marlin_dsl.machine import CUDA
+    from marlin_dsl.targets import emit
     from marlin_dsl.targets.cuda.tuning import tuned_schedule
     from marlin_dsl.layouts.weight_stream import stream_layout
 

@@ -42,7 +42,7 @@ def main() -> int:
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel
-    from marlin_dsl.targets import CUDA
+    from marlin_dsl.machine import CUDA
 
     k, n = 4096, 14336
     rng = np.random.default_rng(0)

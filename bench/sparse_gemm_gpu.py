@@ -32,7 +32,7 @@ import numpy as np
 from marlin_dsl.activation import ffn as ffn_module
 from marlin_dsl.activation import kernels, ops
 from marlin_dsl.activation.ffn import FFNConfig, dense_ffn, ffn_backward, ffn_forward, sparse_ffn
-from marlin_dsl.activation.spec import SparsifySpec
+from marlin_dsl.formats.activation_spec import SparsifySpec
 from marlin_dsl.lowering.sparse_gemm_staged import LARGE, SMALL, SparseGemmTiles, choose_tiles
 
 MX = {"f16": mx.float16, "bf16": mx.bfloat16}

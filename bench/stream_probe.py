@@ -59,7 +59,7 @@ def main() -> int:
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.benchmarks import kernel_time
     from marlin_dsl.schedule import Gemm, Schedule, WeightStream
-    from marlin_dsl.targets import CUDA
+    from marlin_dsl.machine import CUDA
 
     rng = np.random.default_rng(0)
     rows = []

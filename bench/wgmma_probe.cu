@@ -1,4 +1,4 @@
-// Hardware probe for Hopper's warpgroup MMA, modelled by marlin_dsl/targets/cuda/wgmma_layout.py:
+// Hardware probe for Hopper's warpgroup MMA, modelled by marlin_dsl/machine/cuda/wgmma_layout.py:
 //   wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}     (A from smem or registers)
 //   wgmma.mma_async.sp.sync.aligned.m64nNk32.f32.{f16,bf16}.{f16,bf16}  (2:4 sparse A)
 // for N in {8, 64, 128, 256}, operands in shared memory described by 64-bit matrix descriptors,

@@ -1,4 +1,4 @@
-"""Check marlin_dsl/targets/cuda/wgmma_layout.py against the GPU (H100, sm_90a).
+"""Check marlin_dsl/machine/cuda/wgmma_layout.py against the GPU (H100, sm_90a).
 
 Builds, with the layout module only, every byte of the shared-memory tiles, every 64-bit matrix
 descriptor, A-fragment register, sparse metadata word and C accumulator of random
@@ -45,7 +45,7 @@ from mma_sp_probe import find_nvcc  # noqa: E402  (numpy-only sibling probe)
 
 def _load(name: str):
     # By path, so that the probe needs numpy only (not the package's dependencies).
-    path = ROOT / "marlin_dsl" / "targets" / "cuda" / f"{name}.py"
+    path = ROOT / "marlin_dsl" / "machine" / "cuda" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"cuda_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

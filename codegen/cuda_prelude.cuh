@@ -22,7 +22,7 @@
 //     with round-to-nearest-even.
 //   - mma: the PTX instruction as inline asm (f32 accumulate; f16 or bf16 inputs).
 //   - 2:4 sparse MMA, PTX `mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{f16,bf16}`
-//     (PTX ISA 9.7.14.6; the layout, checked on an H100, is marlin_dsl/targets/cuda/sparse_layout.py):
+//     (PTX ISA 9.7.14.6; the layout, checked on an H100, is marlin_dsl/machine/cuda/sparse_layout.py):
 //       A: the compressed 16x16 tile (two kept values per 4 logical columns) in frag_a's layout;
 //       B 32x8 (k x n, 4 x .b32, lower row in the low half): frag_b32,
 //         x[r] = (2t + 8r .. 2t + 8r + 1, g), r = 0..3;
@@ -81,7 +81,7 @@ struct frag_c {
 
 // One warp's accumulator of the warpgroup MMA wgmma.mma_async m64nNk16 (sm_90a): its 16 rows x
 // N columns, N/2 floats per lane, register i at row g + 8 ((i >> 1) & 1), column 8 (i >> 2) +
-// 2t + (i & 1) (PTX ISA 9.7.15.5; marlin_dsl/targets/cuda/wgmma_layout.py, checked on an H100).
+// 2t + (i & 1) (PTX ISA 9.7.15.5; marlin_dsl/machine/cuda/wgmma_layout.py, checked on an H100).
 template <int N>
 struct frag_cw {
   float x[N / 2];

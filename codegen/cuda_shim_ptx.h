@@ -17,7 +17,7 @@
 //   C, D (16 x 8, f32) c0..c3:     row = g for c0, c1;  g + 8 for c2, c3;   col = 2t + (i & 1)
 // mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{f16,bf16}.{f16,bf16}.f32
 // (PTX ISA 9.7.14.6; the rules as quoted and hardware-checked in
-// marlin_dsl/targets/cuda/sparse_layout.py's docstring):
+// marlin_dsl/machine/cuda/sparse_layout.py's docstring):
 //   A is 2:4 sparse along K and passed compressed: a0..a7 are the kept values, a_i and a_(i+1)
 //     (i even) the two kept values of one 4-wide chunk, the lower element number holding the
 //     lower column (9.7.14.6.2.2): row = g for a0, a1, a4, a5, g + 8 otherwise; chunk columns

@@ -35,7 +35,8 @@ nf4_pairwise_db = Gemm("nf4_pairwise_4of8_db", nf4_pairwise_4of8, db_32x64x64)
 # Metal's small-M kernel (issue 16): the weight stream with the lanes scattering their own kept
 # pairs (metal_lane_stream, layouts/sparse_scatter.py): one 128-bit code load and one metadata
 # word per lane a K step of 256 positions, each lane's 64 positions in one scale group; the
-# tuned schedule for M <= 8.
+# tuned schedule for M <= 8. Metal only: on CUDA's 16-wide tiles 256 positions are two loads a
+# step, which needs scale groups covering whole steps, not groups of 64.
 stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=256, warps_m=1, warps_n=8,
-                     pipeline=WeightStream(k_warps=2))
+                     pipeline=WeightStream(k_warps=2), targets=("metal",))
 nf4_pairwise_stream = Gemm("nf4_pairwise_4of8_stream", nf4_pairwise_4of8, stream_m8)

@@ -39,8 +39,10 @@ fp4_2l_db = Gemm("fp4_2level_g32_db", fp4_2l, double_buffered)
 
 # Metal's small-M kernel (issue 16): the weight-stream pipeline on the simdgroup 8x8 lane
 # layout, weights re-laid out at pack time (metal_lane_stream), one 128-bit load per lane a
-# K step of 128 positions; the tuned schedule of `quantized_linear` for M <= 8.
+# K step of 128 positions; the tuned schedule of `quantized_linear` for M <= 8. Metal only: on
+# CUDA's 16-wide tiles 128 positions are two loads a step, which needs scale groups covering
+# whole steps, not groups of 64 or 32.
 stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
-                    pipeline=WeightStream(k_warps=2))
+                    pipeline=WeightStream(k_warps=2), targets=("metal",))
 int4_2l_stream = Gemm("int4_2level_g64_stream", int4_2l, stream_m8)
 fp4_2l_stream = Gemm("fp4_2level_g32_stream", fp4_2l, stream_m8)

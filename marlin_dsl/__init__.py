@@ -49,10 +49,10 @@ from .formats.builtin import BUILTIN_FORMATS, builtin_format
 from .errors import ScheduleError
 from .schedule import (DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, Warpgroup,
                        WeightStream)
-from .targets import CUDA, METAL, TARGETS, Target, emit
+from .machine import CUDA, METAL, TARGETS, Target
+from .targets import emit
 from .targets.cuda.tuning import multistage_schedule, tuned_schedule
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "Warpgroup",

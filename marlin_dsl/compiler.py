@@ -9,7 +9,7 @@ from .ir import Kernel
 from .lowering.pipelines import lower_gemm
 from .passes import DEFAULT_PIPELINE, PASSES, PassManager, build_pipeline
 from .schedule import Gemm
-from .targets.base import Target
+from .machine.target import Target
 
 #: The name under which the IR straight out of lowering is dumped.
 LOWER_STAGE = "lower"
@@ -44,7 +44,11 @@ def pipeline_names(passes: Sequence[str] | None, stop_after: str | None) -> list
 
 def compile_gemm(gemm: Gemm, target: Target, passes: Sequence[str] | None = None,
                  stop_after: str | None = None, dump: Dump | None = None) -> CompiledGemm:
-    """Lower one Gemm for `target` and run the pass pipeline, dumping after each stage."""
+    """Lower one Gemm for `target` and run the pass pipeline, dumping after each stage.
+
+    A schedule that declares `targets=` without `target` is refused (ScheduleError at its
+    spec line), before anything is lowered."""
+    gemm.schedule.check_target(target, gemm.name)
     build_pipeline([])  # importing the passes fills the registry
     names = pipeline_names(passes, stop_after)
     kernel = lower_gemm(gemm, target)

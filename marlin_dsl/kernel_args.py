@@ -13,7 +13,8 @@ from .formats.tensors import check_float_matrix
 from .ir import Kernel
 from .ir.numerics import round_to_activation
 from .layouts.weight_stream import LAYOUT_NAME, stream_arrays
-from .targets.base import TARGETS, y_columns
+from .machine.outputs import y_columns
+from .machine.target import TARGETS
 
 #: Poison written into outputs before a kernel runs: any element the kernel fails to write
 #: stays NaN and fails the comparison.

@@ -1,4 +1,6 @@
-"""Tiling schedules (target-neutral) and the GEMMs a spec asks the compiler to build."""
+"""Tiling schedules and the GEMMs a spec asks the compiler to build. A schedule is
+target-neutral unless it declares `targets=`: the targets it is meant for (a schedule tuned to
+one target's MMA or lane layout), which `compile --target` and `compile_gemm` honour."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,8 +12,9 @@ from .formats import Format
 # classes stay importable from here.
 from .pipelines import (PIPELINES, DoubleBuffered, FusedDequant, Multistage, Pipeline, StripedKParallel, Warpgroup,
                         WeightStream, splits_outputs)
+from .machine.target import TARGETS, Target
 from .source import caller_location, record_declaration
-from .targets.base import Target
+
 
 def _located(obj: object) -> None:
     if getattr(obj, "location", None) is None:
@@ -22,7 +25,11 @@ def _located(obj: object) -> None:
 class Schedule:
     """A threadgroup computes a tile_m x tile_n output tile, stepping K by tile_k; its warps
     are laid out warps_m x warps_n, each owning a (tile_m/warps_m) x (tile_n/warps_n) tile,
-    which the target covers with its MMA shape. Threads = 32 * warps_m * warps_n."""
+    which the target covers with its MMA shape. Threads = 32 * warps_m * warps_n.
+
+    `targets`: the names of the targets it is meant for (None: every target). A Gemm whose
+    schedule does not declare a target is not compiled for it: `compile --target` lists it as
+    skipped, `compile_gemm` refuses it."""
 
     name: str
     tile_m: int = 64
@@ -31,10 +38,12 @@ class Schedule:
     warps_m: int = 2
     warps_n: int = 2
     pipeline: Pipeline = field(default_factory=DoubleBuffered)
+    targets: tuple[str, ...] | None = field(default=None, kw_only=True)
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
         _located(self)
+        object.__setattr__(self, "targets", _checked_targets(self.name, self.targets, self.location))
         for attr in ("tile_m", "tile_n", "tile_k", "warps_m", "warps_n"):
             value = getattr(self, attr)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -72,9 +81,24 @@ class Schedule:
     def k_substeps(self, target: Target) -> int:
         return self.tile_k // target.mma_k
 
+    def runs_on(self, target: Target) -> bool:
+        """Whether the schedule is meant for `target` (it declares no targets, or names it)."""
+        return self.targets is None or target.name in self.targets
+
+    def check_target(self, target: Target, gemm: str | None = None) -> None:
+        """Raise ScheduleError (at the schedule's spec line) if the schedule does not declare
+        `target`: a schedule restricted to other targets is never compiled for it."""
+        if not self.runs_on(target):
+            who = f"gemm {gemm!r}: " if gemm is not None else ""
+            raise ScheduleError(
+                f"{who}schedule {self.name!r} declares targets={self.targets!r}, so it is not "
+                f"compiled for {target.name}; compile it for one of those, or use a schedule that "
+                f"declares {target.name!r} (or no targets)", self.location)
+
     def check(self, fmt: Format, target: Target) -> None:
-        """Raise ScheduleError (at the schedule's spec line) if it cannot run: the pipeline's
-        own checks, then the generic ones."""
+        """Raise ScheduleError (at the schedule's spec line) if it cannot run: its declared
+        targets, the pipeline's own checks, then the generic ones."""
+        self.check_target(target)
         self.pipeline.check(self, fmt, target)
         threads = self.threads(target)
         if threads > target.max_threads:
@@ -111,6 +135,32 @@ class Gemm:
                                      f"got {self.activation!r}", self.location)
         check_outputs(self.name, self.outputs, self.schedule, self.location)
         record_declaration(self)
+
+
+def known_target_names() -> list[str]:
+    """The names of the registered targets, sorted (what `targets=` may name; the machine
+    package registers every description when it is imported)."""
+    return sorted(TARGETS)
+
+
+def _checked_targets(name: str, targets: object, location: SourceLocation | None) -> tuple[str, ...] | None:
+    """`targets` of schedule `name` as a tuple of distinct known target names (a list is
+    accepted), or None (every target); else ScheduleError at `location`."""
+    if targets is None:
+        return None
+    known = known_target_names()
+    # a lone string is the likely slip: suggest it as a one-element tuple
+    example = f"targets=({(targets if isinstance(targets, str) else (known or ['...'])[0])!r},)"
+    if isinstance(targets, str) or not isinstance(targets, (tuple, list)) or not targets:
+        raise ScheduleError(f"schedule {name!r}: targets must be a non-empty tuple of target names "
+                            f"such as {example} (or None: every target), got {targets!r}", location)
+    for t in targets:
+        if t not in known:
+            raise ScheduleError(f"schedule {name!r}: unknown target {t!r} in targets; the targets "
+                                f"are {', '.join(map(repr, known))}", location)
+    if len(set(targets)) < len(targets):
+        raise ScheduleError(f"schedule {name!r}: targets {tuple(targets)!r} names a target twice", location)
+    return tuple(targets)
 
 
 def written_outputs(schedule: Schedule | None, outputs: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Loading spec files: plain Python files that declare formats (and, later, schedules)."""
+"""Loading spec files: plain Python files that declare formats, schedules and Gemms."""
 from __future__ import annotations
 
 import traceback
@@ -36,6 +36,9 @@ def load_spec(path: str | Path) -> Spec:
     syntax error or another exception is reported at the spec line that raised it.
     """
     spec_path = Path(path)
+    if spec_path.is_dir():  # `compile examples` for `compile examples/*.py`
+        raise SpecError(f"spec file {str(spec_path)!r} is a directory; pass the spec files in it: "
+                        f"{spec_path / '*.py'}")
     if not spec_path.is_file():
         raise SpecError(f"spec file {str(spec_path)!r} does not exist")
     source = spec_path.read_text(encoding="utf-8")

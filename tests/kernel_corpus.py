@@ -18,7 +18,7 @@ DIGESTS = Path(__file__).parent / "data" / "kernel_digests.json"
 
 def corpus() -> Iterator[tuple[str, str]]:
     """(name, text) for every kernel of the corpus; text = IR text + printed source."""
-    from marlin_dsl.activation.spec import SparsifySpec
+    from marlin_dsl.formats.activation_spec import SparsifySpec
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.formats.builtin import BUILTIN_FORMATS, builtin_format
     from marlin_dsl.ir.text import print_kernel
@@ -29,7 +29,7 @@ def corpus() -> Iterator[tuple[str, str]]:
     from marlin_dsl.errors import ScheduleError
     from marlin_dsl.targets.cuda.tuning import tuned_schedule, warpgroup_roles_schedule, warpgroup_schedule
     from marlin_dsl.source import suspended_declarations
-    from marlin_dsl.targets import TARGETS
+    from marlin_dsl.machine import TARGETS
 
     with suspended_declarations():
         for fname in sorted(BUILTIN_FORMATS):

@@ -27,8 +27,8 @@ from marlin_dsl.activation.mlx_impl import (MX_DTYPES, lowbias32_mx, mvue_unifor
                                             sparsify_mx)
 from marlin_dsl.activation.ops import (SparseActivation, sparse_matmul, sparsify,
                                        split_matmul)
-from marlin_dsl.activation.reference import (lowbias32, mvue_uniform, sparsify_reference)
-from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
+from marlin_dsl.formats.activation_reference import (lowbias32, mvue_uniform, sparsify_reference)
+from marlin_dsl.formats.activation_spec import METHODS, SparsifyError, SparsifySpec
 from marlin_dsl.errors import MarlinDSLError, ShapeError
 from marlin_dsl.ir.numerics import round_to_activation
 

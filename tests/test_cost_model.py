@@ -20,7 +20,7 @@ from marlin_dsl.ir.text.parser import parse_kernels
 from marlin_dsl.ir.types import parse_type
 from marlin_dsl.source import suspended_declarations
 from marlin_dsl.spec import load_spec
-from marlin_dsl.targets import TARGETS
+from marlin_dsl.machine import TARGETS
 from marlin_dsl.targets.cuda.tuning import tuned_schedule, warpgroup_schedule
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from marlin_dsl.activation.host import check_sparsify, run_sparse_gemm, run_sparsify
-from marlin_dsl.activation.reference import sparsify_reference
-from marlin_dsl.activation.spec import METHODS, SparsifySpec
+from marlin_dsl.formats.activation_reference import sparsify_reference
+from marlin_dsl.formats.activation_spec import METHODS, SparsifySpec
 from marlin_dsl.ir.numerics import round_to_activation
 from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
 from marlin_dsl.lowering.sparse_gemm_staged import LARGE, SMALL

@@ -1,12 +1,12 @@
 """Self-consistency of the numpy model of mma.sp::ordered_metadata m16n8k32 f16/bf16
-(marlin_dsl/targets/cuda/sparse_layout.py).  The model against real hardware is
+(marlin_dsl/machine/cuda/sparse_layout.py).  The model against real hardware is
 bench/mma_sp_probe.py's job."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from marlin_dsl.targets.cuda import sparse_layout as sl
+from marlin_dsl.machine.cuda import sparse_layout as sl
 
 
 def _coverage(rows, cols, shape):

@@ -11,7 +11,7 @@ from marlin_dsl.ir.verify import VerifyError
 from marlin_dsl.ir import F16, U32, BufferParam, Builder, GridDim, VectorType
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.lowering.parts.shell import finish_kernel
-from marlin_dsl.targets import CUDA
+from marlin_dsl.machine import CUDA
 
 
 def _kernel(stride: int, access: str = "write"):

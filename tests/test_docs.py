@@ -40,7 +40,7 @@ def test_architecture_names_only_what_exists() -> None:
     assert len(paths) > 10
     for path in paths:
         assert list(root.glob(path)), path
-    short = set(re.findall(r"`((?:formats|lowering|ir|passes|targets|layers|models)/[\w/.-]+)`", text))
+    short = set(re.findall(r"`((?:formats|lowering|ir|passes|machine|targets|layers|models)/[\w/.-]+)`", text))
     for path in short:
         assert (root / "marlin_dsl" / path).exists(), path
     from marlin_dsl.formats import STORAGE_TYPES  # noqa: F401  (the registries it names exist)
@@ -49,9 +49,9 @@ def test_architecture_names_only_what_exists() -> None:
     from marlin_dsl.ir.ops import OPS  # noqa: F401
     from marlin_dsl.layers.dispatch import _DISPATCH  # noqa: F401
     from marlin_dsl.lowering.pipelines import LOWERINGS  # noqa: F401
+    from marlin_dsl.machine import TARGETS  # noqa: F401
     from marlin_dsl.passes.manager import PASSES  # noqa: F401
     from marlin_dsl.pipelines import PIPELINES  # noqa: F401
-    from marlin_dsl.targets.base import TARGETS  # noqa: F401
     from marlin_dsl.targets.runtimes import RUNTIMES  # noqa: F401
 
 
@@ -87,8 +87,9 @@ def test_architecture_examples_compile() -> None:
     pass pipeline and prints for every target that takes its pipeline."""
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.errors import ScheduleError
+    from marlin_dsl.machine import TARGETS
     from marlin_dsl.spec import load_spec
-    from marlin_dsl.targets import TARGETS, emit
+    from marlin_dsl.targets import emit
 
     text = (DOCS / "ARCHITECTURE.md").read_text()
     examples = sorted(set(re.findall(r"examples/\w+\.py", text)))

@@ -28,8 +28,8 @@ import pytest
 
 from marlin_dsl.activation import ops
 from marlin_dsl.activation.ffn import FFNConfig, ffn_forward, sparse_ffn, step_seed
-from marlin_dsl.activation.reference import sparsify_reference
-from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
+from marlin_dsl.formats.activation_reference import sparsify_reference
+from marlin_dsl.formats.activation_spec import METHODS, SparsifyError, SparsifySpec
 from marlin_dsl.errors import ShapeError
 
 F16 = mx.float16

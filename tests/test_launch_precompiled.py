@@ -195,7 +195,7 @@ def test_both_paths_hand_mlx_the_same_launch(rec, monkeypatch, case):
 def test_kernel_launch_of_an_activation_kernel(rec, monkeypatch):
     """CudaLaunch (any kernel: the activation sparsify) takes the precompiled path too."""
     from marlin_dsl.activation import kernels
-    from marlin_dsl.activation.spec import SparsifySpec
+    from marlin_dsl.formats.activation_spec import SparsifySpec
 
     x = mx.array(np.random.default_rng(2).standard_normal((16, 64)).astype(np.float16))
     calls = {}

@@ -18,8 +18,8 @@ mx = pytest.importorskip("mlx.core")
 
 import marlin_dsl.nn as mnn  # noqa: E402
 from marlin_dsl.activation import kernels, ops  # noqa: E402
-from marlin_dsl.activation.reference import mvue_key, operand_shape, sparsify_reference  # noqa: E402
-from marlin_dsl.activation.spec import METHODS, SparsifySpec  # noqa: E402
+from marlin_dsl.formats.activation_reference import mvue_key, operand_shape, sparsify_reference  # noqa: E402
+from marlin_dsl.formats.activation_spec import METHODS, SparsifySpec  # noqa: E402
 from marlin_dsl.ir.numerics import round_to_activation  # noqa: E402
 from marlin_dsl.layouts.sparse_activation import ActivationLayout  # noqa: E402
 from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm  # noqa: E402

@@ -26,7 +26,7 @@ from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.kernel_args import gemm_buffers, read_output
 from marlin_dsl.layouts.weight_stream import stream_layout
 from marlin_dsl.targets.metal.cpu_harness import MetalCPUError, compile_many, find_compiler
-from marlin_dsl.targets.metal.description import STREAM_LAYOUT
+from marlin_dsl.machine.metal import STREAM_LAYOUT
 from marlin_dsl.targets.metal.printer import print_metal
 from marlin_dsl.targets.metal.runtime import RUNTIME
 from marlin_dsl.targets.metal.tuning import MULTISTAGE_MIN_M

@@ -32,8 +32,8 @@ from marlin_dsl.activation import kernels, ops  # noqa: E402
 from marlin_dsl.activation.ffn import FFNConfig, ffn_backward, ffn_forward  # noqa: E402
 from marlin_dsl.activation.host import (SparsifyOutput, pack_b_words, run_sparse_gemm,  # noqa: E402
                                         sparse_gemm_scalars)
-from marlin_dsl.activation.reference import sparsify_reference  # noqa: E402
-from marlin_dsl.activation.spec import SparsifyError, SparsifySpec  # noqa: E402
+from marlin_dsl.formats.activation_reference import sparsify_reference  # noqa: E402
+from marlin_dsl.formats.activation_spec import SparsifyError, SparsifySpec  # noqa: E402
 from marlin_dsl.checks.error_model import compare, ulp  # noqa: E402
 from marlin_dsl.cost.loop import count_loop  # noqa: E402
 from marlin_dsl.cost.model import cost_from_counts  # noqa: E402
@@ -45,7 +45,7 @@ from marlin_dsl.lowering import sparse_gemm_scatter as scatter  # noqa: E402
 from marlin_dsl.lowering.sparse_gemm import b_lane_order, has_sparse_gemm, lower_sparse_gemm  # noqa: E402
 from marlin_dsl.lowering.sparsify import lower_sparsify  # noqa: E402
 from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager  # noqa: E402
-from marlin_dsl.targets import METAL  # noqa: E402
+from marlin_dsl.machine import METAL  # noqa: E402
 from marlin_dsl.targets.metal.cpu_harness import compile_many, compile_metal, find_compiler  # noqa: E402
 from marlin_dsl.targets.metal.printer import print_metal  # noqa: E402
 from metal_standin import MetalStandIn  # noqa: E402

@@ -24,7 +24,7 @@ from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.kernel_args import gemm_buffers, read_output
 from marlin_dsl.layouts.weight_stream import VECTOR_WORDS, stream_layout
 from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler
-from marlin_dsl.targets.metal.description import STREAM_LAYOUT, simdgroup_lane_elements
+from marlin_dsl.machine.metal import STREAM_LAYOUT, simdgroup_lane_elements
 from marlin_dsl.targets.metal.printer import MetalSource, print_metal
 from marlin_dsl.targets.metal.runtime import RUNTIME
 

@@ -396,7 +396,7 @@ def test_metal_backend_runs_the_generated_kernel(metal_on_cpu, monkeypatch: pyte
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.targets.metal.cpu_harness import compile_metal
     from marlin_dsl.schedule import Gemm
-    from marlin_dsl.targets import METAL
+    from marlin_dsl.machine import METAL
 
     rng = np.random.default_rng(11)
     packed = md.pack_fp4_2of4_weights(rng.standard_normal((128, 40)))
@@ -439,7 +439,7 @@ def test_metal_fused_parts_come_out_of_the_shipped_kernel(metal_on_cpu, monkeypa
     from marlin_dsl.models.fuse import FusedLinear, LinearSlice
     from marlin_dsl.pipelines import splits_outputs
     from marlin_dsl.schedule import Gemm
-    from marlin_dsl.targets import METAL
+    from marlin_dsl.machine import METAL
     from marlin_dsl.targets.metal.printer import print_metal
     from marlin_dsl.targets.metal.runtime import metal_launcher, stream_schedule
 

@@ -4,7 +4,7 @@ with nvcc for sm_80 and sm_90, no GPU) and the textual IR.
 The kernels are bench/mma_sp_ir_probe.py's (`build_kernel`, `make_case`): every lane loads its
 own compressed A, B and metadata word, builds fragments with `frag_build` (or `frag_load` for
 B), and runs mma_sp with selector 0 and then 1 on one shared metadata register. The buffers
-come from targets/cuda/sparse_layout.py, the model of the instruction checked on an H100;
+come from machine/cuda/sparse_layout.py, the model of the instruction checked on an H100;
 running the printed kernel on a GPU is the probe's job.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marlin_dsl.targets.cuda import sparse_layout as sl
+from marlin_dsl.machine.cuda import sparse_layout as sl
 from marlin_dsl.targets.cuda.printer import cuda_type, prelude, print_cuda
 from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
 from marlin_dsl.errors import CompileError
@@ -27,7 +27,7 @@ from marlin_dsl.ir import (BF16, BOOL, F16, F32, U32, Builder, BufferParam, Frag
                            VerifyError, verify)
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.ir.text import assert_round_trip, kernels_equal, parse_kernel, print_kernel
-from marlin_dsl.targets import CUDA, METAL, TARGETS
+from marlin_dsl.machine import CUDA, METAL, TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ NVCC = find_nvcc()
 # ----- target tables ----------------------------------------------------------------------------
 
 # Expected lane positions written by hand from the PTX ISA's fragment rules (quoted in the
-# docstring of marlin_dsl/targets/cuda/sparse_layout.py; g = lane >> 2, t = lane & 3), for a
+# docstring of marlin_dsl/machine/cuda/sparse_layout.py; g = lane >> 2, t = lane & 3), for a
 # few lanes, not computed by the module under test: the tables the packer, the lowering and
 # the interpreter all read must agree with these (issue 17: the old test compared the Target
 # tables with the functions that build them).

@@ -29,7 +29,7 @@ from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.lowering import group_params, pair_decode
 from marlin_dsl.lowering.decode import UnitDecoder
 from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule
-from marlin_dsl.targets import CUDA, METAL
+from marlin_dsl.machine import CUDA, METAL
 from marlin_dsl.targets.cuda.tuning import tuned_schedule
 
 BIAS = 1.0 + 2.0 ** -11  # 0.049%

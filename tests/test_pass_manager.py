@@ -205,7 +205,7 @@ def test_default_pipeline_on_lowered_example_gemms(example, gemm, target):
     try:
         from marlin_dsl.lowering.pipelines import lower_gemm
         from marlin_dsl.kernel_args import gemm_buffers
-        from marlin_dsl.targets import TARGETS
+        from marlin_dsl.machine import TARGETS
         g = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / example))[gemm]
         kernel = lower_gemm(g, TARGETS[target])
     except Exception as e:  # the lowering is not this file's subject

@@ -13,7 +13,7 @@ mx = pytest.importorskip("mlx.core")
 
 from marlin_dsl import Format, GroupScale, IntEncoding, NMSparsity  # noqa: E402
 from marlin_dsl.activation import kernels  # noqa: E402
-from marlin_dsl.activation.spec import SparsifyError, SparsifySpec  # noqa: E402
+from marlin_dsl.formats.activation_spec import SparsifyError, SparsifySpec  # noqa: E402
 from marlin_dsl.benchmarks import mlx_runner  # noqa: E402
 from marlin_dsl.benchmarks.cases import bench_schedule  # noqa: E402
 from marlin_dsl.errors import ScheduleError  # noqa: E402

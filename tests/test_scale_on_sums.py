@@ -12,7 +12,8 @@ from marlin_dsl import builtin_format
 from marlin_dsl.checks.kernel_check import check_kernel, check_shapes
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.schedule import Gemm, Schedule, WeightStream
-from marlin_dsl.targets import CUDA, emit
+from marlin_dsl.machine import CUDA
+from marlin_dsl.targets import emit
 from marlin_dsl.targets.cuda.tuning import tuned_schedule
 
 

@@ -29,8 +29,8 @@ import pytest
 from marlin_dsl.activation import ops
 from marlin_dsl.activation.ffn import (FFNConfig, SparseFFN, ffn_backward,
                                        ffn_forward, sparse_ffn, step_seed)
-from marlin_dsl.activation.reference import groups_length, lowbias32, sparsify_reference
-from marlin_dsl.activation.spec import SparsifyError, SparsifySpec
+from marlin_dsl.formats.activation_reference import groups_length, lowbias32, sparsify_reference
+from marlin_dsl.formats.activation_spec import SparsifyError, SparsifySpec
 from marlin_dsl.errors import ShapeError
 from marlin_dsl.ir.numerics import round_to_activation
 

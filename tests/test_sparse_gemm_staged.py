@@ -16,7 +16,7 @@ from marlin_dsl.layouts.sparse_activation import ActivationLayout
 from marlin_dsl.lowering.sparse_gemm import b_buffer, gemm_scalars, lower_sparse_gemm
 from marlin_dsl.lowering.sparse_gemm_staged import (LARGE, SMALL, SparseGemmTiles, StagedSparseGemm,
                                                    b_offsets, choose_tiles)
-from marlin_dsl.targets import CUDA
+from marlin_dsl.machine import CUDA
 
 
 def test_choose_tiles_fills_the_gpu() -> None:

@@ -1,12 +1,12 @@
 """Run-time 2:4 activation sparsify kernels and the sparse GEMM that consumes them.
 
-- The sparsify kernels (`lowering/sparsify.py`) equal `activation/reference.py` bit for bit on
+- The sparsify kernels (`lowering/sparsify.py`) equal `formats/activation_reference.py` bit for bit on
   the IR interpreter for both targets' layouts ("cuda_mma_sp", "row_major") and on the Metal
   CPU harness (the printed Metal, compiled with g++), through `host.check_sparsify`.
 - Padding: a group running past the end of the sparsified axis is zero padded, padded
   positions never carry a nonzero value, and all-padding groups carry the method's nibble.
 - The "cuda_mma_sp" layout is what `mma.sp` reads, checked with the independent numpy model
-  `targets/cuda/sparse_layout.py` (metadata fields, A lane coordinates, the MMA itself).
+  `machine/cuda/sparse_layout.py` (metadata fields, A lane coordinates, the MMA itself).
 - The sparse GEMM (`lowering/sparse_gemm.py`) on the interpreter against float64, with a
   negative control (corrupted metadata must change the result or be refused).
 - nvcc compiles the printed CUDA for sm_80 and sm_90; printing is deterministic.
@@ -23,9 +23,9 @@ import pytest
 from marlin_dsl.activation.host import (SparsifyOutput, check_sparsify, run_sparse_gemm,
                                         run_sparsify)
 from marlin_dsl.layouts.sparse_activation import ActivationLayout
-from marlin_dsl.activation.reference import nibbles_to_indices, operand_shape, sparsify_reference
-from marlin_dsl.activation.spec import METHODS, SparsifyError, SparsifySpec
-from marlin_dsl.targets.cuda import sparse_layout as sl
+from marlin_dsl.formats.activation_reference import nibbles_to_indices, operand_shape, sparsify_reference
+from marlin_dsl.formats.activation_spec import METHODS, SparsifyError, SparsifySpec
+from marlin_dsl.machine.cuda import sparse_layout as sl
 from marlin_dsl.targets.cuda.printer import print_cuda
 from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
 from marlin_dsl.targets.metal.printer import print_metal
@@ -35,7 +35,7 @@ from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
 from marlin_dsl.lowering.sparse_gemm_staged import SMALL
 from marlin_dsl.lowering.sparsify import lower_sparsify
 from marlin_dsl.ir.numerics import round_to_activation
-from marlin_dsl.targets import CUDA
+from marlin_dsl.machine import CUDA
 
 DTYPES = ("f16", "bf16")
 AXES = (0, 1)

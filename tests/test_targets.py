@@ -10,8 +10,8 @@ from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import CompileError
 from marlin_dsl.schedule import Gemm, default_schedule
 from marlin_dsl.source import suspended_declarations
-from marlin_dsl.targets import CUDA, METAL, TARGETS, Launcher, Target, emit
-from marlin_dsl.targets.base import reader_of
+from marlin_dsl.machine import CUDA, METAL, TARGETS, Target, reader_of
+from marlin_dsl.targets import Launcher, emit
 from marlin_dsl.targets.cuda.printer import print_cuda
 from marlin_dsl.targets.metal.printer import print_metal
 from marlin_dsl.targets.runtimes import RUNTIMES, runtime_for

@@ -21,7 +21,7 @@ from marlin_dsl.formats.text import format_to_text, formats_from_text
 from marlin_dsl.checks.kernel_check import check_kernel
 from marlin_dsl.targets.cuda.tuning import multistage_schedule, tuned_schedule
 from marlin_dsl.spec import load_spec
-from marlin_dsl.targets import CUDA, METAL
+from marlin_dsl.machine import CUDA, METAL
 
 ROOT = Path(__file__).resolve().parent.parent
 E2M1 = m.FloatEncoding(bits=4, exp_bits=2, man_bits=1, bias=1)
@@ -137,7 +137,7 @@ def test_kernels_match_the_reference_at_odd_shapes(gemm: m.Gemm, target: m.Targe
 
 
 def test_no_lowering_or_printer_code_names_the_scheme() -> None:
-    for folder in ("lowering", "targets", "passes"):
+    for folder in ("lowering", "machine", "targets", "passes"):
         for path in (ROOT / "marlin_dsl" / folder).rglob("*.py"):
             text = path.read_text()
             assert "channel_scales" not in text and "TwoLevel" not in text, path

@@ -22,7 +22,7 @@ from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.ir.verify import VerifyError, verify
 from marlin_dsl.lowering import warpgroup as wg_lowering
 from marlin_dsl.lowering.parts.swizzled_stages import copy_granule, k_positions
-from marlin_dsl.targets.cuda import wgmma_layout as wl
+from marlin_dsl.machine.cuda import wgmma_layout as wl
 from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
 from marlin_dsl.targets.cuda.printer import print_cuda
 from marlin_dsl.targets.cuda.tuning import WARPGROUP_MIN_M, tuned_schedule, warpgroup_schedule

@@ -10,7 +10,7 @@ import pytest
 
 import marlin_dsl as md
 from marlin_dsl import CUDA, METAL, Gemm, Schedule, WeightStream
-from marlin_dsl.targets.cuda import sparse_layout as sl
+from marlin_dsl.machine.cuda import sparse_layout as sl
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.errors import ScheduleError
 from marlin_dsl.formats.bitstream import unpack_bits

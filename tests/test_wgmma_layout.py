@@ -1,5 +1,5 @@
 """Self-consistency of the numpy model of Hopper's wgmma operands
-(marlin_dsl/targets/cuda/wgmma_layout.py), and of the records bench/wgmma_probe.py sends to the
+(marlin_dsl/machine/cuda/wgmma_layout.py), and of the records bench/wgmma_probe.py sends to the
 GPU: an emulator here reads them back with the PTX ISA's rules written out independently.
 The model against real hardware is bench/wgmma_probe.py's job."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marlin_dsl.targets.cuda import CUDA
-from marlin_dsl.targets.cuda import sparse_layout as sl
-from marlin_dsl.targets.cuda import wgmma_layout as wl
+from marlin_dsl.machine import CUDA
+from marlin_dsl.machine.cuda import sparse_layout as sl
+from marlin_dsl.machine.cuda import wgmma_layout as wl
 
 from wgmma_emulator import emulate as _emulate, swap_lbo_sbo as _swap_lbo_sbo
 

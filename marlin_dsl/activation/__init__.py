@@ -1,11 +1,13 @@
-"""Run-time N:M sparsity of activations (issue 6).
+"""Run-time N:M sparsity of activations: sparsify, the sparse GEMMs, the split-GEMM and
+`SparseFFN`, on the kernels of each target or on MLX ops.
 
-`spec` declares the operation (which values a group keeps, along which axis, with or without the
-fused ReLU^2 and column statistics); `reference` is its float64/float32 numpy semantics, the
-oracle every kernel is checked against. Where each target wants the compressed values and
-metadata (chosen from the target's MMA lane tables) is `marlin_dsl/layouts/sparse_activation.py`,
-beside the weight layouts: the sparsify lowering reads it, so it sits below the lowering.
+The declaration of the operation (`SparsifySpec`: which values a group keeps, along which
+axis, with or without the fused ReLU^2 and column statistics) and its numpy semantics (the
+oracle every kernel is checked against) sit with the formats, in
+`formats/activation_spec.py` and `formats/activation_reference.py`: like a format, the
+lowering and the layouts read them. Where each target wants the compressed values and
+metadata is `layouts/sparse_activation.py`, beside the weight layouts.
 """
-from .spec import METHODS, SparsifySpec
+from ..formats.activation_spec import METHODS, SparsifySpec
 
 __all__ = ["METHODS", "SparsifySpec"]

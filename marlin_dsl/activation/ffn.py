@@ -45,8 +45,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from . import ops
-from .reference import lowbias32
-from .spec import METHODS, SparsifyError, SparsifySpec
+from ..formats.activation_reference import lowbias32
+from ..formats.activation_spec import METHODS, SparsifyError, SparsifySpec
 
 __all__ = ["FFNCache", "FFNConfig", "FFNGrads", "SparseFFN", "dense_ffn", "ffn_backward",
            "ffn_forward", "sparse_ffn", "step_seed"]

@@ -16,8 +16,8 @@ from ..lowering.sparse_gemm import b_buffer, gemm_scalars, pack_b
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..ir.numerics import round_to_activation
 from ..layouts.sparse_activation import ActivationLayout, _to_bits
-from .reference import mvue_key, operand_shape, sparsify_reference
-from .spec import SparsifyError, SparsifySpec
+from ..formats.activation_reference import mvue_key, operand_shape, sparsify_reference
+from ..formats.activation_spec import SparsifyError, SparsifySpec
 
 #: (kernel, buffers, scalars) -> written buffers, as `ir.interpret.run_kernel` has it.
 Executor = Callable[[Kernel, dict[str, np.ndarray], dict[str, int]], dict[str, np.ndarray]]

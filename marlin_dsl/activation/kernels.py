@@ -34,8 +34,8 @@ from ..lowering.sparse_gemm import (SparseGemmTiles, b_buffer, b_lane_order, cho
 from ..lowering.sparsify import launch_scalars, lower_sparsify
 from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
 from .operand import SparseActivation
-from .reference import mvue_key, operand_shape
-from .spec import SparsifyError, SparsifySpec
+from ..formats.activation_reference import mvue_key, operand_shape
+from ..formats.activation_spec import SparsifyError, SparsifySpec
 
 #: Targets whose kernels this module launches (`ops.resolve_backend` reads it): those whose
 #: runtime binds any kernel to MLX.

@@ -14,8 +14,8 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from .reference import groups_length, mvue_key
-from .spec import SparsifySpec
+from ..formats.activation_reference import groups_length, mvue_key
+from ..formats.activation_spec import SparsifySpec
 
 #: spec.dtype -> the MLX type the results are stored in.
 MX_DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16}

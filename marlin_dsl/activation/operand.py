@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from . import mlx_impl
-from .spec import SparsifyError, SparsifySpec
+from ..formats.activation_spec import SparsifyError, SparsifySpec
 
 
 @dataclass(eq=False)

@@ -28,9 +28,9 @@ import numpy as np
 from ..errors import ShapeError
 from ..layouts.sparse_activation import ROW_TILE
 from . import mlx_impl
-from .reference import operand_shape
+from ..formats.activation_reference import operand_shape
 from .operand import SparseActivation
-from .spec import METHODS, SparsifyError, SparsifySpec
+from ..formats.activation_spec import METHODS, SparsifyError, SparsifySpec
 
 __all__ = ["KERNEL_BACKENDS", "SPLIT_GRANULE", "SparseActivation", "most_sparse_columns",
            "resolve_backend", "sparse_column_count", "sparse_matmul", "sparsify", "split_matmul",

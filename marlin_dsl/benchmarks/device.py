@@ -18,8 +18,9 @@ def gpu_backend(mx=None) -> str:
         try:
             import mlx.core as mx
         except ImportError as exc:
-            raise EnvironmentUnavailable(needs + f"no importable MLX ({exc}); {machine()}. Install mlx[cuda13] "
-                                 "on an NVIDIA GPU machine (bench/README.md says how)") from None
+            raise EnvironmentUnavailable(needs + f"no importable MLX ({exc}); {machine()}. Run it on an NVIDIA GPU "
+                                 "machine with pip install \"marlin-dsl[cuda]\" (MLX's CUDA backend), or on "
+                                 "an Apple-silicon Mac") from None
     try:
         cuda = bool(hasattr(mx, "cuda") and mx.cuda.is_available())
     except Exception:  # noqa: BLE001
@@ -35,7 +36,8 @@ def gpu_backend(mx=None) -> str:
     raise EnvironmentUnavailable(
         needs + f"MLX {getattr(mx, '__version__', '?')} with no GPU backend (default device "
         f"{mx.default_device()}; mx.cuda.is_available() and mx.metal.is_available() are false); "
-        f"{machine()}. Run it on the GPU machine (bench/README.md says how)")
+        f"{machine()}. Run it on an NVIDIA GPU machine with pip install \"marlin-dsl[cuda]\" (MLX's "
+        "CUDA backend), or on an Apple-silicon Mac")
 
 
 def device_info(mx) -> dict:

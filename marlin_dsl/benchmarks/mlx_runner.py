@@ -217,7 +217,7 @@ class MLXRunner:
                 import networkx  # noqa: F401
             except ImportError as exc:
                 raise MarlinDSLError(f"compiling the kernels needs networkx ({exc}): install marlin_dsl's "
-                                     "dependencies on this machine (bench/README.md)") from None
+                                     "dependencies on this machine (pip install marlin-dsl)") from None
             from ..targets.runtimes import runtime_for
 
             self._runtime = runtime_for(self.backend)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MarlinDSLError, UsageError
+from ..errors import CompileError, MarlinDSLError, ScheduleError, UsageError
 from ..formats.builtin import BUILTIN_FORMATS
 from .common import EXIT_CHECK_FAILED, EXIT_INPUT, EXIT_OK, positive, progress, table
 
@@ -101,7 +101,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from ..ir.text import print_kernel
     from ..checks.kernel_check import check_kernel, check_shapes
     from ..spec import load_spec
-    from ..targets import TARGETS
+    from ..machine import TARGETS
     from ..targets.runtimes import runtime_for
 
     from ..compiler import LOWER_STAGE, pipeline_names
@@ -123,6 +123,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     format_rows: list[list[str]] = []
     described: list = []  # (spec, format): each format's description under the table
     compiled_all = []  # (spec, compiled gemm, rng)
+    skipped: list[list[str]] = []  # Gemms whose schedule declares other targets
     for spec_file in args.specs:
         try:  # a bad spec is reported and the others still compile
             spec = load_spec(spec_file)
@@ -130,16 +131,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
             # Seeded by the spec's name so a run is repeatable; fresh across specs and kernels.
             rng = np.random.default_rng(zlib.crc32(spec.path.name.encode()))
             rows, bad = _format_rows(spec, rng)
-            compiled_here = []
-            for gemm in spec.gemms:
-                def dump(stage: str, kernel, notes: list[str], gemm=gemm) -> None:
-                    if args.dump_ir in ("all", stage):
-                        print(f"// ---- {spec.path.name}: {gemm.name} ({target.name}) after {stage} ----")
-                        for note in notes:
-                            print(f"// {note}")
-                        print(print_kernel(kernel))
-                progress(f"compiling {spec.path.name}: {gemm.name}")
-                compiled_here.append((spec, compile_gemm(gemm, target, passes, args.stop_after, dump), rng))
         except UsageError:
             raise
         except MarlinDSLError as err:
@@ -149,7 +140,26 @@ def cmd_compile(args: argparse.Namespace) -> int:
         format_rows += rows
         described += [(spec, fmt) for fmt in spec.formats]
         failures += bad
-        compiled_all += compiled_here
+        bad_gemms = 0
+        for gemm in spec.gemms:
+            if not gemm.schedule.runs_on(target):
+                skipped.append(_skipped_row(gemm))
+                continue
+            def dump(stage: str, kernel, notes: list[str], gemm=gemm) -> None:
+                if args.dump_ir in ("all", stage):
+                    print(f"// ---- {spec.path.name}: {gemm.name} ({target.name}) after {stage} ----")
+                    for note in notes:
+                        print(f"// {note}")
+                    print(print_kernel(kernel))
+            progress(f"compiling {spec.path.name}: {gemm.name}")
+            try:  # a Gemm that does not compile is reported; the spec's other results still show
+                compiled_all.append((spec, compile_gemm(gemm, target, passes, args.stop_after, dump), rng))
+            except UsageError:
+                raise
+            except MarlinDSLError as err:
+                print(f"marlin-dsl: error: {_gemm_error(err, gemm, target, TARGETS)}", file=sys.stderr)
+                bad_gemms += 1
+        bad_specs += bad_gemms > 0
 
     runtime = runtime_for(target)
     shipped = {}  # gemm name -> the emitted text that ships, where the target ships text
@@ -209,6 +219,10 @@ f"M={r.shape[0]} {r.summary()}" for r in bad),
             if harness is None and not args.no_check:
                 note = runtime.native_check.unavailable_note
             print(f"{runtime.native_check.column}: {note}; the same shapes and tolerance")
+    if skipped:
+        print(f"\nnot compiled for {target.name}: their schedules declare other targets "
+              "(Schedule(..., targets=...))")
+        print(table(["gemm", "schedule", "spec:line", "why"], skipped))
     if args.cost or args.cost_json is not None:
         _cost(args, [compiled for _, compiled, _ in compiled_all])
     if args.output is not None:
@@ -219,6 +233,41 @@ f"M={r.shape[0]} {r.summary()}" for r in bad),
               f"(errors above)", file=sys.stderr)
         return EXIT_INPUT
     return EXIT_CHECK_FAILED if failures else EXIT_OK
+
+
+def _skipped_row(gemm) -> list[str]:
+    """A row of the skipped list: the Gemm, its schedule, where the schedule is declared
+    (the line that says `targets=`) and why."""
+    s = gemm.schedule
+    where = f"{Path(s.location.file).name}:{s.location.line}" if s.location else "?"
+    return [gemm.name, s.name, where, f"declares targets={s.targets!r}"]
+
+
+def _gemm_error(err: MarlinDSLError, gemm, target, targets: dict) -> str:
+    """One line for a Gemm that does not compile: the spec line (the error's, else the
+    Gemm's), the Gemm's name (a schedule may serve several), the message and, where the
+    schedule does not fit this target (an error at its line) but passes another's checks,
+    the hint that a schedule meant for other targets says so with `targets=`."""
+    message = err.message if err.message.startswith(f"gemm {gemm.name!r}") else f"gemm {gemm.name!r}: {err.message}"
+    s = gemm.schedule
+    if isinstance(err, (ScheduleError, CompileError)) and err.location is not None and err.location == s.location:
+        fits = [name for name, other in sorted(targets.items()) if other != target and _fits(gemm, other)]
+        if fits:
+            message += (f" (schedule {s.name!r} fits {', '.join(fits)}: if it is meant only for "
+                        f"{'that target' if len(fits) == 1 else 'those'}, declare it: "
+                        f"Schedule(..., targets={tuple(fits)!r}))")
+    where = err.location or gemm.location
+    return f"{where}: {message}" if where is not None else message
+
+
+def _fits(gemm, target) -> bool:
+    """Whether `gemm`'s schedule passes `target`'s checks for its format (its declared targets,
+    the pipeline's checks, the thread limit; threadgroup memory is checked by the lowering)."""
+    try:
+        gemm.schedule.check(gemm.format, target)
+    except MarlinDSLError:
+        return False
+    return True
 
 
 def _cost(args: argparse.Namespace, compiled: list) -> None:

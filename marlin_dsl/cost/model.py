@@ -23,8 +23,8 @@ from math import lcm
 from ..formats import PER_COLUMN, Format
 from ..ir.core import Kernel
 from ..layouts.weight_stream import stream_layout
+from ..machine.target import TARGETS
 from ..schedule import Gemm
-from ..targets.base import TARGETS
 from .classify import CLASSES
 from .loop import LoopCounts, count_loop
 from .registers import live_registers

@@ -4,15 +4,13 @@ the warpgroup MMA): each takes (op, kernel) and returns an error message or None
 attribute."""
 from __future__ import annotations
 
+from ..machine.target import TARGETS, Target
 from .core import BufferParam, Kernel, Op, SharedArray
 from .types import BF16, BOOL, F16, F32, U32, FragmentType, VectorType
 
 
-def _target(kernel: Kernel):
-    """The registered target the kernel is for (its `target` attribute), or None. Imported
-    here: the targets package imports its printers, which import the IR."""
-    from ..targets.base import TARGETS
-
+def _target(kernel: Kernel) -> Target | None:
+    """The registered target the kernel is for (its `target` attribute), or None."""
     return TARGETS.get(str(kernel.attrs.get("target")))
 
 

@@ -26,7 +26,7 @@ import mlx.core as mx
 from ..errors import MarlinDSLError, ShapeError
 from ..formats import Format
 from .mlx_ops import dequantize_mx
-from ..targets.base import output_names
+from ..machine.outputs import output_names
 from ..targets.runtimes import RUNTIMES, runtime_for
 
 LINEAR = "linear"

@@ -22,7 +22,7 @@ from ..errors import ShapeError
 from ..formats import Format, NMSparsity
 from ..layouts.bit_placement import BitPlacement
 from ..layouts.weight_stream import VECTOR_WORDS, StreamLayout, stream_layout
-from ..targets.base import Target
+from ..machine.target import Target
 from .mlx_ops import mx_dtype, pack_bits_mx, unpack_bits_mx
 
 

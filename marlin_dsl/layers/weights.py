@@ -17,7 +17,7 @@ import mlx.core as mx
 from ..errors import ShapeError
 from ..formats import Format
 from ..layouts.weight_stream import LAYOUT_NAME as LANE_STREAM
-from ..targets.base import TARGETS, Target, reader_of
+from ..machine.target import TARGETS, Target, reader_of
 from .dispatch import LINEAR
 from .weight_stream_mx import linear_arrays_mx, stream_arrays_mx, stream_shapes
 

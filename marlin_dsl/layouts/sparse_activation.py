@@ -28,9 +28,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ..activation.reference import SparseResult, decompress, nibbles_to_indices
-from ..activation.spec import SparsifyError
-from ..targets.base import ROW_MAJOR, TARGETS, Target
+from ..formats.activation_reference import SparseResult, decompress, nibbles_to_indices
+from ..formats.activation_spec import SparsifyError
+from ..machine.target import ROW_MAJOR, TARGETS, Target
 
 K_TILE = 32          # logical columns of one K tile (the sparse MMA's k)
 ROW_TILE = 16        # rows of one tile

@@ -62,7 +62,7 @@ from ..formats import Format, NMSparsity
 from ..formats.bitstream import unpack_bits
 from ..formats.packing import metadata_positions
 from ..formats.tensors import PackedWeights
-from ..targets.base import Target
+from ..machine.target import Target
 from .bit_placement import BitPlacement, natural_placement, placement_for
 from .sparse_scatter import ScatterPlan, scatter_plan
 

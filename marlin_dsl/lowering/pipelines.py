@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from ..ir import Kernel
+from ..machine.target import Target
 from ..schedule import Gemm
-from ..targets.base import Target
 from .multistage import MultistageLowering
 from .parts.context import GemmContext
 from .staged import DoubleBufferedLowering, FusedDequantLowering, StripedLowering

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir import Kernel
-from ..targets.base import TARGETS
 from ..layouts.sparse_activation import ActivationLayout
+from ..machine.target import TARGETS
 from .sparse_gemm_scatter import lower_scatter_gemm, scatter_possible, scatter_tables
 from .sparse_gemm_staged import LARGE, SparseGemmTiles, StagedSparseGemm, choose_tiles
 

@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import CompileError
 from ..ir import BF16, F16, F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, Value, VectorType
 from ..layouts.sparse_activation import K_TILE, ROW_TILE, ActivationLayout
-from ..targets.base import ROW_MAJOR, TARGETS, Target
+from ..machine.target import ROW_MAJOR, TARGETS, Target
 from .parts.emit import Emitter
 from .parts.shell import finish_kernel
 

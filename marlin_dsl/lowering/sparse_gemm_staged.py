@@ -53,7 +53,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir import BF16, F16, F32, U32, BufferParam, ConstTable, FragmentType, GridDim, Kernel, SharedArray, Value, VectorType
-from ..targets.base import Target
+from ..machine.target import Target
 from .parts.emit import Emitter
 from .parts.shell import finish_kernel
 from .sparse_gemm_scatter import store_c_elems

@@ -5,7 +5,7 @@ One thread is one *unit* of the operand layout (`layouts/sparse_activation.py`):
 tiles along X's rows, so that the per-column zero counts (`stats`) stay in registers and are
 published with one atomic add per column per thread. Per group it loads 4 elements (zero past
 the edges: the padding rule), optionally applies ReLU^2, selects two by the spec's method in
-float32 exactly as `activation/reference.py` does, and stores the pair as one u32 word plus
+float32 exactly as `formats/activation_reference.py` does, and stores the pair as one u32 word plus
 its nibble into the unit's metadata word. With `dense` it also stores the unit row's 16
 elements of S [P, L] row-major (the kept values, 0 elsewhere) and of the kept mask (u8): 16
 consecutive elements of an S row whichever the axis (`store_dense`). Everything target specific is the
@@ -23,9 +23,9 @@ T = 8192, hidden 14336 on the H100, more than the sparsify itself).
 from __future__ import annotations
 
 from ..layouts.sparse_activation import ROW_TILE, ActivationLayout
-from ..activation.spec import SparsifySpec
+from ..formats.activation_spec import SparsifySpec
 from ..ir import BF16, BOOL, F16, F32, U8, U16, U32, BufferParam, ConstTable, GridDim, Kernel, Value, VectorType
-from ..targets.base import TARGETS
+from ..machine.target import TARGETS
 from .parts.emit import Emitter
 from .parts.shell import finish_kernel
 

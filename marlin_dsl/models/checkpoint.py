@@ -43,7 +43,7 @@ MAX_SHARD_BYTES = 5 << 30
 
 def marlin_section(model: nn.Module) -> dict[str, Any]:
     """The config section that describes the model's MarlinLinear layers."""
-    from .. import __version__
+    from .._version import __version__
 
     texts: list[str] = []
     layers = {}

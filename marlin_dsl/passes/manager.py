@@ -53,9 +53,9 @@ def register(cls: type[Pass]) -> type[Pass]:
 
 
 def build_pipeline(names: Iterable[str | Pass] | None = None) -> list[Pass]:
-    """Instantiate passes by registry name (default options); Pass instances pass through."""
-    from .. import passes as _all  # noqa: F401  (imports every pass module, filling PASSES)
-
+    """Instantiate passes by registry name (default options); Pass instances pass through.
+    `PASSES` is full here: importing this module runs `marlin_dsl/passes/__init__.py` first,
+    which imports every pass module."""
     result: list[Pass] = []
     for item in DEFAULT_PIPELINE if names is None else names:
         if isinstance(item, Pass):

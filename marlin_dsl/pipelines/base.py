@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from ..errors import ScheduleError, SourceLocation
 from ..formats import Format
-from ..targets.base import Target
+from ..machine.target import Target
 
 
 class ScheduleShape(Protocol):

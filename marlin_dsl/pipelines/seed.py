@@ -7,7 +7,7 @@ from typing import Literal
 
 from ..errors import ScheduleError
 from ..formats import Format
-from ..targets.base import Target
+from ..machine.target import Target
 from .base import ScheduleShape, register_pipeline
 
 

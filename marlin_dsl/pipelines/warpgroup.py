@@ -8,7 +8,7 @@ from typing import Literal
 from ..errors import ScheduleError
 from ..formats import Format
 from ..layouts.weight_stream import stream_layout
-from ..targets.base import Target
+from ..machine.target import Target
 from .base import ScheduleShape, is_positive_int, register_pipeline
 from .weight_stream import check_stream
 

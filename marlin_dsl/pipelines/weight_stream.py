@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 from ..errors import ScheduleError
 from ..formats import Format
 from ..layouts.weight_stream import VECTOR_WORDS, stream_layout
-from ..targets.base import Target
+from ..machine.target import Target
 from .base import ScheduleShape, register_pipeline, require_positive
 
 

@@ -1,11 +1,8 @@
-"""Targets, one folder each behind one protocol (`base.Target`): `metal/` and `cuda/` hold a
-target's description, printer, launcher and runtime. Importing this package registers them in
-`TARGETS`; `emit(kernel, target)` prints a kernel for any of them."""
+"""Targets above the compiler, one folder each (`metal/`, `cuda/`): a target's printer, launcher,
+runtime and tuned tile tables. Importing this package registers every printer with its
+description (the descriptions are data in `marlin_dsl/machine/`); `emit(kernel, target)` prints
+a kernel for any of them."""
 from . import cuda, metal
-from .base import ROW_MAJOR, TARGETS, Launcher, SparseMetadataFields, Source, Target, emit, reader_of, register
+from .base import Launcher, Source, emit, register
 
-METAL = metal.METAL
-CUDA = cuda.CUDA
-
-__all__ = ["CUDA", "METAL", "ROW_MAJOR", "TARGETS", "Launcher", "SparseMetadataFields", "Source", "Target",
-           "emit", "reader_of", "register"]
+__all__ = ["Launcher", "Source", "emit", "register"]

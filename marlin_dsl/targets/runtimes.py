@@ -1,11 +1,12 @@
 """The runtime of every target (`TargetRuntime`: shipping files, native checks of the shipped
 text, layer launches), by target name. The runtimes sit above the compiler, so the package face
-(`targets/__init__.py`, read by the lowering) does not import them; the CLI and the layers look
-them up here."""
+(`targets/__init__.py`, which registers the printers for `emit`) does not import them; the CLI
+and the layers look them up here."""
 from __future__ import annotations
 
 from ..errors import MarlinDSLError
-from .base import Target, TargetRuntime
+from ..machine.target import Target
+from .base import TargetRuntime
 from .cuda.runtime import RUNTIME as CUDA_RUNTIME
 from .metal.runtime import RUNTIME as METAL_RUNTIME
 

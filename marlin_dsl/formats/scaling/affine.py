@@ -17,13 +17,13 @@ import numpy as np
 from ...errors import FormatError, SourceLocation
 from .parts import GroupBias, GroupScale, ZeroPoint
 from .rounding import scale_at_least, symmetric_scale
-from .scheme import Affine, GroupChoice, ParamArray, Scaling, apply_affine, flat_index, load_param
+from .scheme import (Affine, GroupChoice, ParamArray, ScaledFormat, Scaling, apply_affine, flat_index,
+                     load_param)
 
 if TYPE_CHECKING:
     from ...ir.builder import Builder
     from ...ir.core import Value
     from ...ir.types import ScalarType
-    from ..format import Format
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class GroupAffine(Scaling):
                                   sign="any"))
         return tuple(out)
 
-    def check(self, fmt: Format) -> None:
+    def check(self, fmt: ScaledFormat) -> None:
         where = fmt.location
         if self.bias is not None and self.zero_point is not None:
             raise FormatError(
@@ -88,7 +88,7 @@ class GroupAffine(Scaling):
 
     # ----- host side -----------------------------------------------------------------------
 
-    def choose(self, fmt: Format, group_max: np.ndarray, group_min: np.ndarray,
+    def choose(self, fmt: ScaledFormat, group_max: np.ndarray, group_min: np.ndarray,
                weights: Callable[[], np.ndarray]) -> GroupChoice:
         """Symmetric: the smallest scale that maps the group into the table. Zero points: the
         range [min(w, 0), max(w, 0)], so that 0.0 is exact. Bias (MLX's affine mode): the

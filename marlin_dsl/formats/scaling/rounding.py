@@ -10,10 +10,10 @@ from ...errors import ValueRangeError
 from ..storage import StorageType
 
 if TYPE_CHECKING:
-    from ..format import Format
+    from .scheme import ScaledFormat
 
 
-def symmetric_scale(fmt: Format, weights: Callable[[], np.ndarray], group_max: np.ndarray,
+def symmetric_scale(fmt: ScaledFormat, weights: Callable[[], np.ndarray], group_max: np.ndarray,
                     group_min: np.ndarray, table: np.ndarray) -> np.ndarray:
     t_max, t_min = float(table.max()), float(table.min())
     if t_min >= 0 and (group_min < 0).any():
@@ -38,14 +38,15 @@ def symmetric_scale(fmt: Format, weights: Callable[[], np.ndarray], group_max: n
     return scale
 
 
-def scale_at_least(scale: np.ndarray, fmt: Format, storage: StorageType) -> tuple[np.ndarray, np.ndarray]:
+def scale_at_least(scale: np.ndarray, fmt: ScaledFormat, storage: StorageType) -> tuple[np.ndarray, np.ndarray]:
     """Scales rounded up to the format's scale storage, so no value clips later: (stored,
     their exact float64 values). All-zero groups (scale 0) get 1.0, any positive scale works."""
     if (scale > storage.max_value).any():
         g, col = (int(i) for i in np.argwhere(scale > storage.max_value)[0])
         raise ValueRangeError(
             f"weights: group {g} of column {col} needs scale {scale[g, col]:.6g}, beyond "
-            f"{storage.name}'s largest value {storage.max_value} for format {fmt.name!r}"
+            f"{storage.name}'s largest value {storage.max_value} for format {fmt.name!r}; use a "
+            f"format with wider scales (GroupScale(dtype='bf16') or 'f32') or rescale the weights"
         )
     stored = storage.round_up(np.where(scale > 0, scale, 1.0))
     values = storage.to_float64(stored)

@@ -26,7 +26,7 @@ module in this package and an entry in `SCALE_SCHEMES` (`__init__.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -35,9 +35,25 @@ from ..storage import StorageType
 from .parts import PER_COLUMN, Grouping
 
 if TYPE_CHECKING:
+    from ...errors import SourceLocation
     from ...ir.builder import Builder
     from ...ir.core import Value
-    from ..format import Format
+    from ..encodings import Encoding
+
+
+class ScaledFormat(Protocol):
+    """What a scheme reads of the format it scales (a `Format` is one): the element encoding
+    whose codes it scales, and the name and declaration site that its errors cite. A protocol,
+    so that the schemes do not import `formats/format.py`, which builds its scheme from them."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def element(self) -> Encoding: ...
+
+    @property
+    def location(self) -> SourceLocation | None: ...
 
 
 @dataclass(frozen=True)
@@ -99,7 +115,7 @@ class Scaling(Grouping):
     def arrays(self) -> tuple[ParamArray, ...]:
         raise NotImplementedError
 
-    def check(self, fmt: Format) -> None:
+    def check(self, fmt: ScaledFormat) -> None:
         """Raise FormatError where the format's other parts do not suit this scheme."""
 
     def describe_parts(self) -> list[str]:
@@ -108,7 +124,7 @@ class Scaling(Grouping):
 
     # ----- host side -----------------------------------------------------------------------
 
-    def choose(self, fmt: Format, group_max: np.ndarray, group_min: np.ndarray,
+    def choose(self, fmt: ScaledFormat, group_max: np.ndarray, group_min: np.ndarray,
                weights: Callable[[], np.ndarray]) -> GroupChoice:
         """The parameters for groups with these float64 extremes [K/G, N]. `weights()` gives
         the [K, N] weights, only to name an offending element in an error."""

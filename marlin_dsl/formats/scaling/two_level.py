@@ -29,13 +29,13 @@ from ...source import caller_location
 from ..storage import STORAGE_TYPES
 from .parts import check_dtype, check_group_size
 from .rounding import scale_at_least, symmetric_scale
-from .scheme import Affine, GroupChoice, ParamArray, Scaling, apply_affine, flat_index, load_param
+from .scheme import (Affine, GroupChoice, ParamArray, ScaledFormat, Scaling, apply_affine, flat_index,
+                     load_param)
 
 if TYPE_CHECKING:
     from ...ir.builder import Builder
     from ...ir.core import Value
     from ...ir.types import ScalarType
-    from ..format import Format
 
 SUB_DTYPES = ("u8", "e8m0")
 CHANNEL_DTYPES = ("f32", "f16", "bf16")
@@ -71,7 +71,7 @@ class TwoLevelScale(Scaling):
 
     # ----- host side -----------------------------------------------------------------------
 
-    def choose(self, fmt: Format, group_max: np.ndarray, group_min: np.ndarray,
+    def choose(self, fmt: ScaledFormat, group_max: np.ndarray, group_min: np.ndarray,
                weights: Callable[[], np.ndarray]) -> GroupChoice:
         table = fmt.element.table()
         table = table[np.isfinite(table)]

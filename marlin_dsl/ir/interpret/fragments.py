@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...machine.target import TARGETS
 from ..core import Op
 from ..types import FragmentType, VectorType
 from ..numerics import _U32, _cast, _round_f64, _zeros
@@ -86,8 +87,6 @@ def _h_frag_load(m: _Machine, op: Op) -> Fn:
 
 def _h_frag_build(m: _Machine, op: Op) -> Fn:
     """Scatter every lane's elements into the warp's tile through the target's lane layout."""
-    from ...targets.base import TARGETS
-
     t = op.result.type
     assert isinstance(t, FragmentType)
     rows, cols = TARGETS[str(m.kernel.attrs["target"])].lane_elements(t.role, t.rows, t.cols)  # type: ignore[misc]
@@ -177,8 +176,6 @@ class SparseA:
     rows x 4 groups, with unordered indices refused (undefined on the hardware)."""
 
     def __init__(self, m: _Machine, op: Op, selector: int, nrows: int, ngroups: int) -> None:
-        from ...targets.base import TARGETS
-
         fields = TARGETS[str(m.kernel.attrs["target"])].sparse_metadata(selector)
         assert fields is not None  # the verifier checked the target's sparse MMA
         self.lanes, bits, self.rows, self.groups, self.slots = fields

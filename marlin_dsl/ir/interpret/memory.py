@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...machine.target import TARGETS
 from ..core import Op
 from ..types import FragmentType
 from ..numerics import _U32, _zeros
@@ -356,8 +357,6 @@ def _h_async_wait(m: _Machine, op: Op) -> Fn:
 
 def _h_frag_elems(m: _Machine, op: Op) -> Fn:
     """Gather every lane's elements from the warp's tile through the target's lane layout."""
-    from ...targets.base import TARGETS
-
     t = op.operands[0].type
     assert isinstance(t, FragmentType)
     rows, cols = TARGETS[str(m.kernel.attrs["target"])].lane_elements(t.role, t.rows, t.cols)  # type: ignore[misc]

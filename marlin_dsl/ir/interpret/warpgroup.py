@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...machine.target import TARGETS, Target
 from ..core import Op
 from ..numerics import _round_f64
 from ..types import FragmentType
@@ -42,9 +43,7 @@ class _Issued:
         self.op_id = op_id
 
 
-def _target(m: _Machine):
-    from ...targets.base import TARGETS
-
+def _target(m: _Machine) -> Target:
     return TARGETS[str(m.kernel.attrs["target"])]
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir import F32, FragmentType, ScalarType, Value
+from ...machine.target import Target
 from ...schedule import Gemm
-from ...targets.base import Target
 from .emit import Emitter
 
 

@@ -9,7 +9,8 @@ from ...ir.core import AttrValue
 from ...ir import BufferParam, Builder, ConstTable, GridDim, Kernel, ScalarParam, SharedArray, verify
 from ...formats import BlockPatternSparsity, NMSparsity
 from ...ir import F32, U32, ScalarType
-from ...targets.base import Target, output_names
+from ...machine.outputs import output_names
+from ...machine.target import Target
 from ..group_params import GroupParams
 from .context import GemmContext
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from ...errors import CompileError, MarlinDSLError, ShapeError
 from ...ir.core import Kernel
-from ..base import output_names, y_columns
+from ...machine.outputs import output_names, y_columns
 from .printer import print_cuda
 from .launch_precompiled import LAUNCH_PATHS, arch_specific, launch_path, precompiled_kernel
 from .launch_text import mlx_strings

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ...errors import CompileError
 from ...ir.core import Block, Kernel, Op
-from .description import CUDA
+from ...machine.cuda import CUDA
 
 __all__ = ["SYNC_EMITTERS", "SyncEmitters", "base_registers", "launch_bounds", "role_registers"]
 

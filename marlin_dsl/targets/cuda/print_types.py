@@ -13,7 +13,7 @@ from ...errors import CompileError
 from ...ir.numerics import f64_to_f32_odd, round_bf16
 from ...ir.core import ConstTable
 from ...ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
-from .description import CUDA
+from ...machine.cuda import CUDA
 from .source import CUDA_SCALAR as _SCALAR
 
 __all__ = ["PAIR", "bits_table", "comment_value", "cuda_type", "f32_bits", "is_pair", "literal", "zero"]

@@ -19,7 +19,7 @@ from typing import Callable
 from ...errors import CompileError
 from ...ir.core import Kernel, Op, Value
 from ...ir.types import BF16, F16, FragmentType
-from .description import CUDA
+from ...machine.cuda import CUDA
 from .print_types import cuda_type
 
 __all__ = ["WGMMA_EMITTERS", "WgmmaEmitters", "WGMMA_OPS"]

@@ -38,8 +38,8 @@ from ...errors import CompileError
 from ...ir.core import Kernel, Op, Value
 from ...ir.verify import verify_legal
 from ...ir.types import BF16, BOOL, F16, F32, I32, U32, ScalarType, Type, VectorType
+from ...machine.cuda import CUDA
 from ..c_printer import CPrinter
-from .description import CUDA
 from .print_mma import MMA_EMITTERS, MmaEmitters
 from .print_sync import SYNC_EMITTERS, SyncEmitters, launch_bounds, role_registers
 from .print_wgmma import WGMMA_EMITTERS, WGMMA_OPS, WgmmaEmitters

@@ -24,9 +24,10 @@ from ...formats import Format, PackedWeights
 from ...ir.core import Kernel
 from ...ir.text import print_kernel
 from ...layouts.weight_stream import LAYOUT_NAME, stream_layout
+from ...machine.cuda import CUDA
+from ...machine.target import Target
 from ...schedule import Gemm, Schedule, default_schedule, written_outputs
-from ..base import LayerKernel, Shipped, Target
-from .description import CUDA
+from ..base import LayerKernel, Shipped
 from .cpu_harness import CompiledCudaCPU, CudaCPUError, compile_cuda_cpu, find_compiler, refuse_unsupported
 from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel, gemm_inout_inputs
 from .launch_precompiled import device_arch
@@ -105,8 +106,11 @@ def write_cuda_kernel(compiled: CompiledGemm, out_dir: Path) -> list[Path]:
     src = print_cuda(compiled.kernel)
     (folder / f"{name}.cu").write_text(src.full_source())
     layout = src.attrs.get("weight_layout", "linear")
+    schedule = compiled.gemm.schedule
     (folder / "manifest.json").write_text(json.dumps({
         "kernel": name, "target": target, "weight_layout": layout,
+        # the schedule's name and the targets it declares (None: every target)
+        "schedule": {"name": schedule.name, "targets": None if schedule.targets is None else list(schedule.targets)},
         "weights": "as marlin_dsl.pack(format, w) gives them" if layout == "linear" else
                    "marlin_dsl.kernel_args.to_kernel_layout(source['attrs'], marlin_dsl.pack(format, w))",
         "source": src.to_json()}, indent=1, sort_keys=True) + "\n")

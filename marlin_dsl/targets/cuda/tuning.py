@@ -6,9 +6,9 @@ from __future__ import annotations
 from ...errors import ScheduleError
 from ...formats import Format
 from ...layouts.weight_stream import stream_layout
+from ...machine.cuda import CUDA
+from ...machine.target import Target
 from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
-from ..base import Target
-from .description import CUDA
 
 __all__ = ["multistage_schedule", "stream_step_k", "tuned_schedule", "warpgroup_roles_schedule", "warpgroup_schedule"]
 

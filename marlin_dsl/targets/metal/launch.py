@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir.core import Kernel
-from ..base import y_columns
+from ...machine.outputs import y_columns
 from .printer import DIMS_NAME, MetalSource, print_metal
 
 __all__ = ["MetalGemm", "MetalLaunch", "build_metal_kernel", "launch_source"]

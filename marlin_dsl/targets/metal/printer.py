@@ -52,7 +52,7 @@ from ...ir.numerics import f64_to_f32_odd, round_bf16
 from ...ir.core import Kernel, Op, Value
 from ...ir.verify import verify_legal
 from ...ir.types import BF16, BOOL, F16, F32, FragmentType, ScalarType, Type, VectorType
-from .description import METAL
+from ...machine.metal import METAL
 from .source import DIMS_NAME, MLX_ATTRIBUTES, MLX_DTYPE, MetalSource
 from ..c_printer import CPrinter, lop3_expression
 
@@ -283,7 +283,7 @@ class _Printer(CPrinter):
 
     def op_frag_build(self, op: Op, depth: int) -> None:
         """A simdgroup matrix from this lane's two elements (`thread_elements()`, the lane
-        table of description.py: MLX's BlockMMA fills its fragments the same way)."""
+        table of machine/metal.py: MLX's BlockMMA fills its fragments the same way)."""
         elems = []
         for v, ref in zip(op.operands, self.refs(op)):
             if isinstance(v.type, VectorType):
@@ -373,7 +373,7 @@ class _Printer(CPrinter):
 
     #: Metal's legal ops: the shared C-family entries and these. `frag_build` / `frag_elems`
     #: address a lane's elements through `thread_elements()` with the ownership of the target's
-    #: lane tables (description.py). Missing on purpose: the async copies and `mma_sp` (no such
+    #: lane tables (machine/metal.py). Missing on purpose: the async copies and `mma_sp` (no such
     #: hardware), and the warpgroup MMA.
     EMITTERS = {
         **CPrinter.EMITTERS,

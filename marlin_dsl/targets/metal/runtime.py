@@ -23,15 +23,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..._version import __version__
 from ...compiler import CompiledGemm, compile_gemm
 from ...errors import ScheduleError
 from ...formats import Format
 from ...formats.text import format_to_text
 from ...ir.core import Kernel
+from ...machine.metal import METAL, STREAM_LAYOUT
+from ...machine.target import Target
 from ...schedule import Gemm, Schedule, default_schedule, written_outputs
-from ..base import LayerKernel, Shipped, Target
+from ..base import LayerKernel, Shipped
 from .cpu_harness import CompiledMetal, compile_metal, find_compiler
-from .description import METAL, STREAM_LAYOUT
 from .launch import MetalGemm, MetalLaunch, build_metal_kernel
 from .printer import DIMS_NAME, print_metal
 from .tuning import tuned_schedule as metal_tuned_schedule
@@ -50,8 +52,6 @@ def metal_launcher(fmt: Format, activation: str, schedule: Schedule | None = Non
     """The generated launcher module of (format, activation, schedule): the format's default
     kernel where `schedule` is None; with `outputs`, Y's columns as parts of those widths
     (`Gemm.outputs`: its `launch` returns them)."""
-    from ... import __version__
-
     text = f"{__version__}\0{activation}\0{format_to_text(fmt)}"
     if schedule is not None:  # the default kernel's key (and cache folder) stays as it was
         text += f"\0{schedule!r}"

@@ -41,7 +41,7 @@ from ...errors import ScheduleError
 from ...formats import Format
 from ...layouts.weight_stream import VECTOR_WORDS, stream_layout
 from ...schedule import Multistage, Schedule, WeightStream
-from .description import METAL
+from ...machine.metal import METAL
 
 __all__ = ["tuned_schedule", "multistage_schedule", "TILE_N", "WARPS_N", "K_WARPS", "MULTISTAGE_MIN_M"]
 

@@ -45,7 +45,7 @@ fragment sits in .b32 register e >> 1, low half first (e even).
 5. Sparse metadata (9.7.15.6.1 "Sparse matrix storage"; f16/bf16 m64nNk32): "a thread-pair
    within a group of four consecutive threads contributes the sparsity metadata", selector 0
    (threads T0, T1 of each quad) or 1 (T2, T3).  Modelled per warp exactly as mma.sp m16n8k32
-   (targets/cuda/sparse_layout.py, checked on an H100), with warp w covering rows 16w..16w+15:
+   (machine/cuda/sparse_layout.py, checked on an H100), with warp w covering rows 16w..16w+15:
    lane 4g + 2F + h holds row 16w + g in bits [0, 16) and row 16w + g + 8 in bits [16, 32),
    groups 4h..4h+3 (a nibble each, group 4h + n at bit 4n), slot s's 2-bit index at +2s.
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import Target
+from .target import Target
 
 #: The physical weight layout Metal's weight-stream kernels read (layouts/weight_stream.py,
 #: made from the lane tables below at pack time).

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.numerics import round_to_activation
-from .spec import SparsifyError, SparsifySpec
+from .activation_spec import SparsifyError, SparsifySpec
 
 #: 2^-24: the MVUE uniform is the top 24 bits of a 32-bit hash, exact in float32.
 _U24 = np.float32(2.0 ** -24)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import SparseMetadataFields, SwizzledRows, Target
+from ..target import SparseMetadataFields, SwizzledRows, Target
 from . import sparse_layout as sl
 
 
@@ -27,7 +27,7 @@ def _dense_lane_elements(role: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _wide_c(n: int) -> tuple[np.ndarray, np.ndarray]:
     """One warp's accumulator of wgmma m64nNk16 (PTX ISA 9.7.15.5, "Matrix fragment for
-    accumulator D"; targets/cuda/wgmma_layout.py `d_coords`, checked on an H100): its 16 rows x
+    accumulator D"; machine/cuda/wgmma_layout.py `d_coords`, checked on an H100): its 16 rows x
     n columns, register i at row g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1), i.e.
     n / 8 m16n8 accumulators side by side."""
     lane = np.arange(32)[:, None]
@@ -50,7 +50,7 @@ _METADATA_TABLES = {sel: SparseMetadataFields(*sl.metadata_fields(sel)) for sel 
 #: NVIDIA: mma.sync m16n8k16. Shared memory per block: 48 KB statically, up to 163 KB (sm_80's
 #: opt-in maximum; sm_90 allows 227 KB) as one dynamic block that the launch requests.
 #: 2:4 sparse: mma.sp::ordered_metadata m16n8k32 (f16/bf16 in, f32 accumulate), whose
-#: register layout is targets/cuda/sparse_layout.py (checked on an H100). Activation rows in
+#: register layout is machine/cuda/sparse_layout.py (checked on an H100). Activation rows in
 #: shared memory are padded by 16 bytes (bank conflicts of the ldmatrix-free fragment loads);
 #: cp.async copies up to 16 bytes; 0x44444444 (every nibble 0b0100: positions 0 and 1) is an
 #: ordered metadata word for tiles that are absent (zeros are undefined on the hardware).
