@@ -15,20 +15,25 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .errors import MarlinDSLError, ShapeError, ValueRangeError
-from .formats import Format, PackedWeights, validate
+from .errors import MarlinDSLError, ShapeError
+from .formats import Format, PackedWeights
 from .formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
 from .formats.pack_weights import pack_fp4_weights
-from .layers.dispatch import LINEAR, check_activation, dispatch_for, layout_for
+from .layers.arguments import activation_casts, float_dtype, promoted
+from .layers.arguments import checked_activation as _check_activation
+from .layers.arguments import checked_bias as _check_bias
+from .layers.arguments import device_arrays as _device_arrays
+from .layers.dispatch import LINEAR, dispatch_for
 from .layers.interop import packed_from_quantized
-from .layers.mlx_ops import mx_dtype, packed_to_mx, packed_to_numpy
+from .layers.mlx_ops import mx_dtype, packed_to_numpy
 from .layers.mlx_pack import pack_mx
+from .layers.source_errors import SourcePart, source_error
 from .layers.validate import validate_mx
 from .layers.weights import layout_shapes, to_layout, to_linear, which_layout
 
@@ -92,66 +97,6 @@ def select_backend(backend: str = "auto") -> str:
     if probe is not None and not probe():
         raise MarlinDSLError(f"{needs}; {_machine()}. Use backend='mlx' or 'auto'.")
     return backend
-
-
-# ----- argument checks ----------------------------------------------------------------------
-
-def _first_non_finite(a: mx.array) -> tuple[int, ...] | None:
-    """Index of the first NaN/Inf in `a`, or None. Evaluates `a` (a sync)."""
-    bad = mx.logical_not(mx.isfinite(a))
-    if not bool(mx.any(bad).item()):
-        return None
-    flat = int(mx.argmax(bad.reshape(-1)).item())
-    return tuple(int(i) for i in np.unravel_index(flat, a.shape)) if a.ndim else ()
-
-
-def _check_activation(x: object, k: int, check_finite: bool) -> mx.array:
-    check_activation(x, k)
-    if check_finite and (bad := _first_non_finite(x)) is not None:  # type: ignore[arg-type]
-        raise ValueRangeError(f"x: non-finite value {x[bad].item()} at index {bad}")  # type: ignore[index]
-    return x  # type: ignore[return-value]
-
-
-def _check_bias(bias: object, n: int, dtype: mx.Dtype | None, check_finite: bool) -> mx.array:
-    """A float [N] bias, cast to `dtype` (the activation's, so it cannot promote the result)."""
-    if not isinstance(bias, mx.array):
-        raise ShapeError(f"bias: expected an mlx.core.array [N={n}], got {type(bias).__name__}")
-    if tuple(bias.shape) != (n,):
-        raise ShapeError(f"bias: expected shape ({n},), got {tuple(bias.shape)}")
-    if not mx.issubdtype(bias.dtype, mx.floating):
-        raise ShapeError(f"bias: expected a floating-point array, got dtype {bias.dtype}")
-    if check_finite and (bad := _first_non_finite(bias)) is not None:
-        raise ValueRangeError(f"bias: non-finite value {bias[bad].item()} at index {bad}")
-    return bias if dtype is None else bias.astype(dtype)
-
-
-
-# ----- packed weights on the device ---------------------------------------------------------
-
-def _device_arrays(packed: object, backend: str, argument: str = "packed") -> tuple[PackedWeights, dict]:
-    """(`packed`, its arrays in the layout `backend`'s kernels read). numpy arrays are validated
-    and copied to the device; MLX arrays are validated on the device. Both happen once per
-    PackedWeights object and set of arrays: the result is cached on the object, keyed by the
-    identity of its arrays, so repeated calls with the same weight do no work."""
-    if not isinstance(packed, PackedWeights):
-        raise ShapeError(f"{argument}: expected marlin_dsl.PackedWeights, got {type(packed).__name__}")
-    if packed.layout != LINEAR:
-        raise ShapeError(f"{argument}: holds layout {packed.layout!r}; pass the format's linear "
-                         f"layout (as marlin_dsl.pack writes it)")
-    fmt, shape = packed.format, tuple(int(d) for d in packed.shape)
-    key = (backend, tuple((name, id(a)) for name, a in packed.arrays.items()))
-    cached = packed.device_cache.get("arrays")
-    if cached is not None and cached[0] == key:
-        return packed, cached[1]
-    if all(isinstance(a, mx.array) for a in packed.arrays.values()):
-        validate_mx(fmt, shape, packed.arrays, f"{argument}.arrays")
-        linear = dict(packed.arrays)
-    else:
-        validate(packed)
-        linear = packed_to_mx(packed.arrays, fmt)
-    arrays = to_layout(fmt, shape, linear, layout_for(fmt, *shape, backend))
-    packed.device_cache["arrays"] = (key, arrays)
-    return packed, arrays
 
 
 # ----- the functional form ------------------------------------------------------------------
@@ -228,6 +173,8 @@ class MarlinLinear(nn.Module):
         self.format: Format = fmt
         self.input_dims, self.output_dims = (int(d) for d in shape)
         self.backend = backend
+        object.__setattr__(self, "_source_dtype", None)
+        object.__setattr__(self, "_casts", {})
         # Off by default: a drop-in layer must not sync per call and must work in mx.compile.
         self.check_finite = check_finite
         # A tuple would become a dict entry of the module (mlx.nn.Module keeps tuples there).
@@ -284,7 +231,15 @@ class MarlinLinear(nn.Module):
                 launch = launch_for(x)
             return launch(x, weights)
 
-        return run
+        casts = self._casts
+        if not casts:
+            return run
+
+        def run_promoted(x: mx.array):  # the source layer's promotion (source_dtype)
+            to = casts.get(getattr(x, "dtype", None))
+            return run(x if to is None else x.astype(to))
+
+        return run_promoted
 
     def _closure(self):
         run = self._launcher(self._dispatch)
@@ -330,6 +285,22 @@ class MarlinLinear(nn.Module):
             splits = dispatch.splits
             return lambda x: mx.split(self._call(x), splits, axis=-1)
         return self._launcher(dispatch)
+
+    @property
+    def source_dtype(self) -> mx.Dtype | None:
+        """The dtype the layer this one replaces computed in (its weight's, scales' and
+        bias's, promoted), or None. A call casts x as MLX's promotion with that dtype would
+        (f16 x with an f32 source: f32), so the result has the dtype the source layer's had;
+        with None the result has x's dtype. `from_linear` / `from_quantized_linear` and
+        `models.convert` set it; checkpoints keep it."""
+        return self._source_dtype
+
+    @source_dtype.setter
+    def source_dtype(self, value: mx.Dtype | str | None) -> None:
+        dtype = float_dtype(value, "source_dtype")
+        object.__setattr__(self, "_source_dtype", dtype)
+        object.__setattr__(self, "_casts", activation_casts(dtype))
+        self._disarm()
 
     @property
     def check_finite(self) -> bool:
@@ -437,24 +408,37 @@ class MarlinLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Module, format: str | Format = "fp4",
-                    group_size: GroupSize | None = None, *, backend: Backend = "auto") -> MarlinLinear:
+                    group_size: GroupSize | None = None, *, backend: Backend = "auto",
+                    name: str = "linear", sources: Sequence[SourcePart] | None = None) -> MarlinLinear:
         """Quantise an `mlx.nn.Linear` (weight [N, K]) into `format` on the device
-        (`mlx_pack.pack_mx`, bit-identical to `marlin_dsl.pack`); its bias is kept as is."""
+        (`mlx_pack.pack_mx`, bit-identical to `marlin_dsl.pack`); its bias is kept as is.
+        `source_dtype` becomes the weight's and bias's dtype, promoted (the result's dtype
+        follows what `linear` returns). Errors name `name.weight` and the index in its [N, K]
+        shape; a converter whose weight is made of other tensors (fused or dequantised
+        layers, models/convert.py) passes them as `sources`."""
         weight = linear.get("weight") if isinstance(linear, nn.Module) else None
         if (not isinstance(weight, mx.array) or weight.ndim != 2
                 or not mx.issubdtype(weight.dtype, mx.floating)):
-            raise ShapeError("linear: expected an mlx.nn.Linear with a float [N, K] weight"
+            raise ShapeError(f"{name}: expected an mlx.nn.Linear with a float [N, K] weight"
                              + ("; use from_quantized_linear for an mlx.nn.QuantizedLinear"
                                 if isinstance(linear, nn.QuantizedLinear) else ""))
         fmt = _resolve_format(format, group_size)
         n, k = (int(d) for d in weight.shape)
-        fmt.check_shape(k, n, "linear.weight (transposed to [K, N])")
+        fmt.check_shape(k, n, f"{name}.weight (transposed to [K, N])")
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer._setup(fmt, (k, n), backend, False)
-        layer._install(pack_mx(fmt, weight.T).arrays)
+        try:
+            packed = pack_mx(fmt, weight.T)
+        except MarlinDSLError as err:
+            parts = sources if sources is not None else [SourcePart(name, n, {"weight": weight})]
+            raise source_error(err, parts, fmt.group_size_for(k)) from None
+        layer._install(packed.arrays)
+        dtypes = [weight.dtype]
         if "bias" in linear:
             layer.bias = _check_bias(linear["bias"], n, None, check_finite=False)
+            dtypes.append(layer.bias.dtype)
+        layer.source_dtype = promoted(*dtypes)
         layer.freeze()
         return layer
 
@@ -464,7 +448,12 @@ class MarlinLinear(nn.Module):
         (`layers.interop`: affine -> integer codes with a GroupBias; mxfp4, nvfp4, mxfp8 ->
         E2M1/E4M3 codes with E8M0/E4M3 scales). The arrays are transposed on the device and
         validated once."""
-        return cls.from_packed(packed_from_quantized(ql), ql.get("bias"), backend=backend)
+        layer = cls.from_packed(packed_from_quantized(ql), ql.get("bias"), backend=backend)
+        dtypes = [a.dtype for a in (ql.get("scales"), ql.get("bias"))
+                  if isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.floating)]
+        if dtypes:  # quantized_matmul promotes x with float scales (E8M0/E4M3 codes: x's dtype)
+            layer.source_dtype = promoted(*dtypes)
+        return layer
 
     def to_packed(self) -> PackedWeights:
         """The packed weight as numpy arrays in the linear layout (copies), as
@@ -474,11 +463,14 @@ class MarlinLinear(nn.Module):
                              packed_to_numpy(self.linear_arrays()))
 
     def set_dtype(self, dtype: mx.Dtype, predicate=None) -> None:
-        """Cast the bias only: the packed arrays hold the number types their format declares
-        (bf16 scales stay bf16). (A parent module's set_dtype casts every float parameter of
-        the tree itself; packed arrays cast that way fail the next call's check by dtype.)"""
+        """Cast the bias, and a `source_dtype`, as nn.Linear.set_dtype would cast its float
+        parameters: the packed arrays hold the number types their format declares (bf16
+        scales stay bf16). (A parent module's set_dtype casts every float parameter of the
+        tree itself; packed arrays cast that way fail the next call's check by dtype.)"""
         if "bias" in self and (predicate is None or predicate(self["bias"].dtype)):
             self.bias = self["bias"].astype(dtype)
+        if self._source_dtype is not None and (predicate is None or predicate(self._source_dtype)):
+            self.source_dtype = dtype
 
     # ----- the call ------------------------------------------------------------------------
 
@@ -488,7 +480,8 @@ class MarlinLinear(nn.Module):
     def _extra_repr(self) -> str:
         return (f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
                 f"bias={'bias' in self}, format={self.format.name} ({self.format.describe()}), "
-                f"backend={self._backend}, layout={self.layout}")
+                f"backend={self._backend}, layout={self.layout}"
+                + (f", source_dtype={str(self._source_dtype).rpartition('.')[2]}" if self._source_dtype else ""))
 
 
 def prepare(model: nn.Module, backend: Backend | None = None) -> nn.Module:

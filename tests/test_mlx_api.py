@@ -316,6 +316,7 @@ def test_second_call_does_no_host_work(fake_cuda, monkeypatch: pytest.MonkeyPatc
     own device arrays to the kernel and run no validation, layout conversion or packing."""
     import importlib
 
+    import marlin_dsl.layers.arguments as arguments
     import marlin_dsl.layers.weights as weights
     import marlin_dsl.layouts.weight_stream as stream_layout
     import marlin_dsl.nn as mnn
@@ -332,9 +333,10 @@ def test_second_call_does_no_host_work(fake_cuda, monkeypatch: pytest.MonkeyPatc
             return fn(*args, **kwargs)
         return wrapped
 
-    for module, attr in ((mnn, "validate_mx"), (mnn, "to_layout"), (mnn, "pack_mx"), (mnn, "validate"),
+    for module, attr in ((mnn, "validate_mx"), (mnn, "to_layout"), (mnn, "pack_mx"), (arguments, "validate"),
+                         (arguments, "validate_mx"), (arguments, "to_layout"),
                          (weights, "to_layout"), (host_validate, "validate"), (stream_layout, "stream_arrays"),
-                         (mnn, "packed_to_numpy"), (mnn, "packed_to_mx")):
+                         (mnn, "packed_to_numpy"), (arguments, "packed_to_mx")):
         monkeypatch.setattr(module, attr, spy(attr, getattr(module, attr)))
     fake_cuda.clear()
     for _ in range(3):

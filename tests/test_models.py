@@ -151,8 +151,11 @@ def test_layers_the_format_cannot_hold_are_skipped_or_refused() -> None:
     conversion = convert(model, "fp4")
     assert list(conversion.formats) == ["layers.0"] and "layers.1" in conversion.skipped
     assert "group_size 128" in conversion.skipped["layers.1"]
+    # The catch-all rule is a default for all layers too; a rule that names the layer is not.
+    conversion = convert(nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 32)), {"layers.0": "nf4", "*": "fp4"})
+    assert list(conversion.unconverted) == ["layers.1"]
     with pytest.raises(md.ShapeError, match="layer 'layers.1'"):
-        convert(nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 32)), {"*": "fp4"})
+        convert(nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 32)), {"layers.1": "fp4", "*": "fp4"})
 
 
 def test_save_and_load_are_bit_identical(tmp_path: Path) -> None:
@@ -187,14 +190,18 @@ def test_corrupt_checkpoint_raises_at_load_naming_array_and_index(tmp_path: Path
     mx.save_safetensors(str(tmp_path / "m" / "model.safetensors"), weights)
     with pytest.raises(ValueRangeError, match=r"meta\[0, 0\] field 0: invalid 2:4 metadata value 15"):
         load_into(tiny_llama(), tmp_path / "m")
-    save_model(model, tmp_path / "m", CONFIG)  # intact again
+    save_model(model, tmp_path / "m", CONFIG, overwrite=True)  # intact again
     weights = mx.load(str(tmp_path / "m" / "model.safetensors"))
     scales = np.array(weights["model.layers.0.self_attn.o_proj.scales"])
     scales[1, 7] = np.nan
     weights["model.layers.0.self_attn.o_proj.scales"] = mx.array(scales)
     mx.save_safetensors(str(tmp_path / "m" / "model.safetensors"), weights)
-    with pytest.raises(ValueRangeError, match=r"scales\[1, 7\] is not finite: nan"):
+    # The shard file, the layer and the array, in marlin-dsl's own error type.
+    with pytest.raises(ValueRangeError, match=r"^model.safetensors: model.layers.0.self_attn.o_proj.scales\[1, 7\] "
+                                              r"is not finite: nan"):
         load(tmp_path / "m")
+    with pytest.raises(ValueRangeError, match=r"model.layers.0.self_attn.o_proj.scales\[1, 7\]"):
+        load_into(tiny_llama(), tmp_path / "m")
 
 
 def test_cli_converts_an_mlx_lm_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

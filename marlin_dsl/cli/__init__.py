@@ -1,4 +1,4 @@
-"""The `marlin-dsl` command line: one module per command (`compile`, `bench`, `convert`),
+"""The `marlin-dsl` command line: one module per command (`compile`, `bench`, `convert`, `generate`),
 what they share (`common`: exit codes, tables), and `main`, which puts them together."""
 from .bench import bench_settings
 from .common import (EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,

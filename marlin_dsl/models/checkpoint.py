@@ -1,42 +1,56 @@
 """Converted models on disk: a model directory as mlx-lm writes one (safetensors shards and
 config.json), whose config carries a `marlin_dsl` section naming the format of every
-converted layer, and the loaders that rebuild such a model.
+converted layer, and a small `marlin_dsl_model.py` through which mlx-lm's own loader builds
+the model with marlin-dsl's layers (config "model_file"; mlx-lm runs it only when asked to
+trust the directory's code).
 
 Packed arrays are written in each format's *linear* layout (what `marlin_dsl.pack` writes and
 `validate` checks), whatever layout the layers hold in memory, so one directory loads on any
-target; loading validates every array once and converts it to the target's layout.
+target; loading (models/loading.py) validates every array once and converts it to the
+target's layout.
 
     "marlin_dsl": {
       "version": "0.1.0",
       "formats": ["format fp4 {\\n  element float(...)\\n ...}\\n", ...],   # textual form
-      "layers": {"model.layers.0.mlp.down_proj": {"format": 0, "bias": false}, ...},
+      "layers": {"model.layers.0.mlp.down_proj": {"format": 0, "bias": false,
+                                                   "dtype": "float32"}, ...},
       "fused": {"model.layers.0.mlp": [["gate_proj", "up_proj"]], ...}
     }
 
-A fused group (models/fuse.py) is one layer, listed at `<parent>.<part>__<part>.layer`.
+"dtype" (optional) is the layer's `source_dtype`: what the layer it replaced computed in. A
+fused group (models/fuse.py) is one layer, listed at `<parent>.<part>__<part>.layer`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from ..errors import MarlinDSLError
 from ..formats import Format
 from ..formats.text import format_to_text, formats_from_text
-from ..nn import Backend, MarlinLinear, prepare
-from .fuse import FusedLinear, fused_name, install
-
-if TYPE_CHECKING:
-    from .convert import Conversion
+from ..layers.arguments import dtype_name
+from ..nn import MarlinLinear
+from .destination import new_directory
+from .fuse import FusedLinear, fused_name
+from .shards import INDEX
 
 SECTION = "marlin_dsl"
 CONFIG = "config.json"
+#: The file mlx-lm runs (with trust_remote_code) to build the model: config "model_file".
+MODEL_FILE = "marlin_dsl_model.py"
+MODEL_FILE_TEXT = '''"""Written by marlin-dsl. mlx-lm builds this converted model through it (config.json's
+"model_file"; mlx-lm runs it only with trust_remote_code / --trust-remote-code): its own model
+class for the config's model_type, with marlin-dsl's layers where config["marlin_dsl"] lists
+them. Needs marlin-dsl installed (pip install "marlin-dsl[mlx-lm]")."""
+from marlin_dsl.models.mlx_lm_model import Model, ModelArgs  # noqa: F401
+'''
 #: Shards are cut at this many bytes, as mlx-lm does.
 MAX_SHARD_BYTES = 5 << 30
 
@@ -53,7 +67,10 @@ def marlin_section(model: nn.Module) -> dict[str, Any]:
             text = format_to_text(module.format)
             if text not in texts:
                 texts.append(text)
-            layers[path] = {"format": texts.index(text), "bias": "bias" in module}
+            entry: dict[str, Any] = {"format": texts.index(text), "bias": "bias" in module}
+            if module.source_dtype is not None:
+                entry["dtype"] = dtype_name(module.source_dtype)
+            layers[path] = entry
         elif isinstance(module, FusedLinear):
             parent, _, name = path.rpartition(".")
             fused.setdefault(parent, []).append(name.split("__"))
@@ -71,13 +88,40 @@ def portable_weights(model: nn.Module) -> dict[str, mx.array]:
     return weights
 
 
+def config_from_model(model: nn.Module) -> dict[str, Any]:
+    """The config an mlx-lm model was built from: its `args` (a dataclass) as a dict, with
+    `model_type`; {} for a model without `args`."""
+    args = getattr(model, "args", None)
+    if args is None:
+        return {}
+    config = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
+    model_type = config.get("model_type") or getattr(model, "model_type", None)
+    if model_type:
+        config["model_type"] = model_type
+    return config
+
+
 def save_model(model: nn.Module, path: str | Path, config: dict[str, Any] | None = None, *,
-               source_dir: str | Path | None = None) -> Path:
+               source_dir: str | Path | None = None, overwrite: bool = False) -> Path:
     """Write `model` as a model directory: safetensors shards (and their index), config.json
     (`config` plus the marlin_dsl section) and, from `source_dir`, every other file of the
-    source model (tokenizer, generation config, ...). Returns the directory."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
+    source model (tokenizer, generation config, ...). Returns the directory.
+
+    `config` defaults to the model's own: an mlx-lm model carries the ModelArgs it was built
+    from (`model.args`); for another model the config holds the marlin_dsl section only (load
+    it with `load_into`). When the config names a `model_type`, the directory also gets the
+    model file through which `mlx_lm.load(path, trust_remote_code=True)` builds it.
+
+    The directory is written beside `path` and renamed into place when complete: an error
+    leaves `path` as it was. A non-empty `path` is an error unless `overwrite` (and then it
+    must be a model directory: it has a config.json)."""
+    config = dict(config_from_model(model) if config is None else config)
+    with new_directory(path, overwrite) as tmp:
+        _write(model, tmp, config, None if source_dir is None else Path(source_dir))
+    return Path(path)
+
+
+def _write(model: nn.Module, out: Path, config: dict[str, Any], source_dir: Path | None) -> None:
     weights = portable_weights(model)
     shards, size = [{}], 0
     for name in sorted(weights):
@@ -93,27 +137,36 @@ def save_model(model: nn.Module, path: str | Path, config: dict[str, Any] | None
     for shard_name, shard in zip(names, shards):
         mx.save_safetensors(str(out / shard_name), shard, metadata={"format": "mlx"})
         weight_map.update(dict.fromkeys(shard, shard_name))
-    (out / "model.safetensors.index.json").write_text(json.dumps(
+    (out / INDEX).write_text(json.dumps(
         {"metadata": {"total_size": sum(w.nbytes for w in weights.values())},
          "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
     section = marlin_section(model)
-    config = dict(config or {})
     quantization = config.get("quantization")
     if isinstance(quantization, dict):  # mlx-lm's per-layer entries must not name our layers
-        config["quantization"] = {k: v for k, v in quantization.items() if k not in section["layers"]}
+        ours = set(section["layers"]) | {f"{parent}.{part}" if parent else part
+                                         for parent, groups in section["fused"].items()
+                                         for parts in groups for part in parts}
+        config["quantization"] = {k: v for k, v in quantization.items() if k not in ours}
         config["quantization_config"] = config["quantization"]
-    config[SECTION] = section
-    (out / CONFIG).write_text(json.dumps(dict(sorted(config.items())), indent=2) + "\n")
+    config.pop("model_file", None)  # a loaded converted model's config names ours: written anew
+    if config.get("model_type"):
+        (out / MODEL_FILE).write_text(MODEL_FILE_TEXT)
+        config["model_file"] = MODEL_FILE
+    config[SECTION] = section  # replaces a loaded converted model's own
+    try:
+        text = json.dumps(dict(sorted(config.items())), indent=2) + "\n"
+    except TypeError as err:
+        raise MarlinDSLError(f"config: cannot be written as JSON ({err})") from None
+    (out / CONFIG).write_text(text)
     if source_dir is not None:
-        _copy_other_files(Path(source_dir), out)
-    return out
+        _copy_other_files(source_dir, out)
 
 
 def _copy_other_files(src: Path, dst: Path) -> None:
     """Tokenizer, generation config, chat template...: everything but weights and config."""
     for item in src.iterdir():
         name = item.name
-        if (item.is_file() and name != CONFIG and not name.endswith(".safetensors")
+        if (item.is_file() and name not in (CONFIG, MODEL_FILE) and not name.endswith(".safetensors")
                 and not name.endswith(".safetensors.index.json")):
             shutil.copy2(item, dst / name)
 
@@ -143,122 +196,5 @@ def read_section(config: dict[str, Any], where: str) -> tuple[list[Format], dict
     return formats, layers, fused
 
 
-def _dims(module: object, path: str) -> tuple[int, int]:
-    """(K, N) of a linear layer of a freshly built model, or MarlinDSLError."""
-    if not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
-        raise MarlinDSLError(f"{SECTION}: the model has no linear layer at {path!r} "
-                             f"(found {type(module).__name__})")
-    n, cols = module["weight"].shape
-    return (cols * 32 // module.bits if isinstance(module, nn.QuantizedLinear) else cols), n
-
-
-def install_placeholders(model: nn.Module, formats: list[Format], layers: dict[str, dict],
-                         fused: dict[str, list] | None = None, backend: Backend = "auto") -> nn.Module:
-    """Replace each listed layer (an nn.Linear or nn.QuantizedLinear of the freshly built
-    model, which gives the shape) by an empty MarlinLinear of its format, and each fused group
-    by an empty FusedLinear with its slices, to be filled by `load_weights`. Unknown paths are
-    an error."""
-    modules = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
-    done = set()
-    for parent_path, groups in (fused or {}).items():
-        parent = _lookup(model, parent_path)
-        for parts in groups:
-            parts = tuple(parts)
-            paths = [f"{parent_path}.{p}" if parent_path else p for p in parts]
-            dims = [_dims(modules.get(p), p) for p in paths]
-            path = f"{parent_path}.{fused_name(parts)}.layer" if parent_path else f"{fused_name(parts)}.layer"
-            entry = layers[path]
-            layer = MarlinLinear.placeholder(formats[entry["format"]], dims[0][0], sum(n for _, n in dims),
-                                             bias=bool(entry.get("bias")), backend=backend)
-            install(parent, parts, FusedLinear(layer, tuple(n for _, n in dims)))
-            done.add(path)
-    replaced = []
-    for path, entry in layers.items():
-        if path in done:
-            continue
-        k, n = _dims(modules.get(path), path)
-        replaced.append((path, MarlinLinear.placeholder(formats[entry["format"]], k, n,
-                                                        bias=bool(entry.get("bias")), backend=backend)))
-    model.update_modules(tree_unflatten(replaced))
-    return model
-
-
-def _lookup(model: nn.Module, path: str) -> nn.Module:
-    module = model
-    for part in path.split(".") if path else []:
-        module = module[int(part)] if isinstance(module, list) else module.get(part)
-        if module is None:
-            raise MarlinDSLError(f"{SECTION}.fused: the model has no module at {path!r}")
-    return module
-
-
-def load_into(model: nn.Module, path: str | Path, backend: Backend = "auto") -> nn.Module:
-    """Load a converted directory into a freshly built model of the same architecture (any
-    mlx.nn model): placeholders for the listed layers, all weights (strict), then one
-    validation and layout conversion per layer (`prepare`)."""
-    directory = Path(path)
-    config = json.loads((directory / CONFIG).read_text())
-    formats, layers, fused = read_section(config, str(directory / CONFIG))
-    install_placeholders(model, formats, layers, fused, backend)
-    weights: dict[str, mx.array] = {}
-    for shard in sorted(directory.glob("model*.safetensors")):
-        weights.update(mx.load(str(shard)))
-    model.load_weights(list(weights.items()), strict=True)
-    return prepare(model)
-
-
-def mlx_lm_classes(config: dict[str, Any], backend: Backend = "auto") -> Callable[[dict], tuple]:
-    """A `get_model_classes` for `mlx_lm.utils.load_model` that builds the model with
-    MarlinLinear placeholders where the config's marlin_dsl section lists them."""
-    from mlx_lm.utils import _get_classes  # mlx-lm's default; there is no public name
-
-    formats, layers, fused = read_section(config, CONFIG)
-
-    def get_classes(config: dict) -> tuple:
-        model_class, args_class = _get_classes(config)
-
-        def build(args):
-            return install_placeholders(model_class(args), formats, layers, fused, backend)
-
-        return build, args_class
-
-    return get_classes
-
-
-def load(path: str | Path, backend: Backend = "auto", lazy: bool = False) -> tuple[nn.Module, dict]:
-    """Load a model directory written by `save_model` for an mlx-lm model: (model, config).
-    Needs mlx-lm (`pip install "marlin-dsl[mlx-lm]"`)."""
-    from mlx_lm.utils import load_config, load_model
-
-    directory = Path(path)
-    classes = mlx_lm_classes(load_config(directory), backend)
-    model, config = load_model(directory, lazy=True, get_model_classes=classes)
-    prepare(model)
-    if not lazy:
-        mx.eval(model.parameters())
-    return model, config
-
-
-def convert_directory(src: str | Path, dst: str | Path, format: Any = "fp4", *,
-                      group_size: Any = None, backend: Backend = "auto",
-                      progress: Any = None) -> "Conversion":
-    """Convert an mlx-lm model directory (fp16/bf16/f32, or quantised by MLX) into `dst`:
-    load it with mlx-lm (lazily), `convert` its linear layers, `save_model` with the source's
-    other files. Returns the Conversion (formats per layer, skipped layers, seconds)."""
-    from mlx_lm.utils import load_model
-
-    from .convert import convert
-
-    source = Path(src)
-    if not (source / CONFIG).exists():
-        raise MarlinDSLError(f"src: {source} is not a model directory (no {CONFIG})")
-    if Path(dst).resolve() == source.resolve():
-        raise MarlinDSLError("dst: must differ from src (the source's weights are read lazily)")
-    model, config = load_model(source, lazy=True)
-    conversion = convert(model, format, group_size=group_size, backend=backend, progress=progress)
-    save_model(model, dst, config, source_dir=source)
-    return conversion
-
-
-__all__ = ["SECTION", "convert_directory", "install_placeholders", "load", "load_into", "marlin_section",
-           "mlx_lm_classes", "portable_weights", "read_section", "save_model"]
+__all__ = ["CONFIG", "MODEL_FILE", "SECTION", "config_from_model", "marlin_section", "portable_weights",
+           "read_section", "save_model"]

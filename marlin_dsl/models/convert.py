@@ -1,23 +1,23 @@
 """Convert the linear layers of any `mlx.nn` model to `MarlinLinear`, in place, like
 `mlx.nn.quantize` does for MLX's own quantised layers.
 
-The format of each layer comes from a *choice*: one format for all (a built-in name or a
-`Format`), rules by layer path (`{"mlp": "fp4_2of4", "*": "fp4"}`: the first pattern that
-matches a path or one of its dotted parts wins; `None` leaves the layer as it is), or a
-function `(path, module) -> format or None`. `"exact"` loads an `nn.QuantizedLinear` in the
-format of its own MLX mode, bit for bit (`layers.interop`); a named format re-quantises it
-from its dequantised weight.
+The format of each layer comes from a *choice* (models/rules.py): one format for all (a
+built-in name or a `Format`), rules by layer path (`{"mlp": "fp4_2of4", "*": "fp4"}`: the
+first pattern that matches the path or a run of its whole dotted parts wins; `None` leaves
+the layer as it is; a pattern that matches no linear layer is an error), or a function
+`(path, module) -> format or None`. `"exact"` loads an `nn.QuantizedLinear` in the format of
+its own MLX mode, bit for bit (`layers.interop`); a named format re-quantises it from its
+dequantised weight.
 
 Every layer is packed on the device (`mlx_pack.pack_mx`) and put in the backend's layout in
 turn, and evaluated before the next, so memory holds one source layer at a time beside the
-converted model.
+converted model. A converted layer returns the dtype its source returned (`source_dtype`).
 """
 from __future__ import annotations
 
-import fnmatch
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence, TextIO, Union
+from typing import Sequence, TextIO
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,19 +25,19 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import MarlinDSLError, ShapeError
 from ..formats import Format
-from ..formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
+from ..formats.builtin import GroupSize
+from ..layers.arguments import promoted
+from ..layers.source_errors import SourcePart
 from ..nn import Backend, MarlinLinear
 from .fuse import DEFAULT_GROUPS, FusedLinear
+from .progress import Progress
+from .rules import EXACT, FormatChoice, Resolver, by_default, check_rules_match, chooser
 
-#: Loads an nn.QuantizedLinear in its own MLX format (layers.interop), without re-quantising.
-EXACT = "exact"
-
-Choice = Union[str, Format, None]
-Chooser = Callable[[str, nn.Module], Choice]
-FormatChoice = Union[Choice, Mapping[str, Choice], Chooser]
+#: Why a layer whose choice was None is left as it is.
+NOT_CHOSEN = "no format chosen"
 
 
-@dataclass
+@dataclass(repr=False)
 class Conversion:
     """What `convert` did: the format of every converted layer by its path (parts of a fused
     group under their own paths), the layers left as they were and why, the fused groups
@@ -48,41 +48,29 @@ class Conversion:
     seconds: float
     fused: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)
 
+    def counts(self) -> dict[str, int]:
+        """Converted layers by format name."""
+        counts: dict[str, int] = {}
+        for fmt in self.formats.values():
+            counts[fmt.name] = counts.get(fmt.name, 0) + 1
+        return dict(sorted(counts.items()))
 
-def _matches(pattern: str, path: str) -> bool:
-    """A rule matches the whole path or any run of its dotted parts ("mlp", "layers.0")."""
-    if fnmatch.fnmatchcase(path, pattern):
-        return True
-    parts = path.split(".")
-    return any(fnmatch.fnmatchcase(".".join(parts[i:j]), pattern)
-               for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
+    @property
+    def unconverted(self) -> dict[str, str]:
+        """Layers left as they were although a format was chosen for them (the format cannot
+        hold their shape), with the reason."""
+        return {path: why for path, why in self.skipped.items() if why != NOT_CHOSEN}
 
+    def summary(self) -> str:
+        """'15 layers: 8 x fp4, 6 x fp4_2of4; 1 left as it was; 2 fused groups; 1.2 s'."""
+        by_format = ", ".join(f"{count} x {name}" for name, count in self.counts().items()) or "none"
+        groups = sum(len(g) for g in self.fused.values())
+        return (f"{len(self.formats)} layers converted: {by_format}; {len(self.skipped)} left as they were"
+                f"{f' ({len(self.unconverted)} because of their shape)' if self.unconverted else ''}; "
+                f"{groups} fused groups; {self.seconds:.1f} s")
 
-def chooser(choice: FormatChoice, group_size: GroupSize | None = None) -> Chooser:
-    """A function (path, module) -> format name / Format / None from any accepted choice."""
-    if callable(choice) and not isinstance(choice, Format):
-        return choice  # type: ignore[return-value]
-    if isinstance(choice, Mapping):
-        rules = list(choice.items())
-
-        def by_rule(path: str, _: nn.Module) -> Choice:
-            for pattern, value in rules:
-                if _matches(pattern, path):
-                    return value
-            return None
-
-        return by_rule
-    return lambda _path, _module: choice  # type: ignore[return-value]
-
-
-def _resolve(value: Choice, group_size: GroupSize | None, path: str) -> Format | str | None:
-    if value is None or value == EXACT or isinstance(value, Format):
-        return value
-    if isinstance(value, str) and value in BUILTIN_FORMATS:
-        return builtin_format(value, group_size)
-    raise MarlinDSLError(f"format for layer {path!r}: expected a built-in format name "
-                         f"{sorted(BUILTIN_FORMATS)}, {EXACT!r}, a marlin_dsl Format or None, "
-                         f"got {value!r}")
+    def __repr__(self) -> str:  # the dataclass's would print every Format of every layer
+        return f"Conversion({self.summary()})"
 
 
 def _dims(module: nn.Module) -> tuple[int, int]:
@@ -91,22 +79,49 @@ def _dims(module: nn.Module) -> tuple[int, int]:
     return (cols * 32 // module.bits if isinstance(module, nn.QuantizedLinear) else cols), n
 
 
+def _result_dtype(module: nn.Module) -> mx.Dtype | None:
+    """The dtype the layer computes in (MLX's promotion of its float weight or scales and its
+    bias); None where nothing promotes (E8M0/E4M3 scale codes: the activation's dtype)."""
+    names = ("scales", "bias") if isinstance(module, nn.QuantizedLinear) else ("weight", "bias")
+    dtypes = [a.dtype for a in (module.get(name) for name in names)
+              if isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.floating)]
+    return promoted(*dtypes) if dtypes else None
+
+
+def _source_part(path: str, module: nn.Module) -> SourcePart:
+    """The layer's own tensors, for errors that name one of them."""
+    names = ("weight", "scales", "biases", "bias")
+    return SourcePart(path, _dims(module)[1], {n: module[n] for n in names if n in module})
+
+
+def _float_weight(module: nn.Module) -> mx.array:
+    if isinstance(module, nn.QuantizedLinear):
+        return mx.dequantize(module["weight"], module["scales"], module.get("biases"),
+                             module.group_size, module.bits, module.mode)
+    return module["weight"]
+
+
 def _convert_one(path: str, module: nn.Module, fmt: Format | str, backend: Backend) -> MarlinLinear:
     if fmt == EXACT:
         if not isinstance(module, nn.QuantizedLinear):
             raise MarlinDSLError(f"format for layer {path!r}: {EXACT!r} loads an "
                                  f"nn.QuantizedLinear as it is; {type(module).__name__} is not one")
-        return MarlinLinear.from_quantized_linear(module, backend=backend)
-    if isinstance(module, nn.QuantizedLinear):  # re-quantise the weight MLX stores
-        weight = mx.dequantize(module["weight"], module["scales"], module.get("biases"),
-                               module.group_size, module.bits, module.mode)
-        source = nn.Linear(1, 1, bias=False)
-        source.weight = weight
-        if "bias" in module:
-            source.bias = module["bias"]
-        module = source
+        try:
+            return MarlinLinear.from_quantized_linear(module, backend=backend)
+        except MarlinDSLError as err:
+            raise type(err)(f"layer {path!r}: {err.message}", err.location) from None
     assert isinstance(fmt, Format)
-    return MarlinLinear.from_linear(module, fmt, backend=backend)
+    if not isinstance(module, nn.QuantizedLinear):
+        return MarlinLinear.from_linear(module, fmt, backend=backend, name=path)
+    # Re-quantise the weight MLX stores; errors name the layer's own tensors.
+    source = nn.Linear(1, 1, bias=False)
+    source.weight = _float_weight(module)
+    if "bias" in module:
+        source.bias = module["bias"]
+    layer = MarlinLinear.from_linear(source, fmt, backend=backend, name=path,
+                                     sources=[_source_part(path, module)])
+    layer.source_dtype = _result_dtype(module)
+    return layer
 
 
 def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: GroupSize | None = None,
@@ -114,58 +129,64 @@ def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: Group
             fuse: Sequence[Sequence[str]] = DEFAULT_GROUPS) -> Conversion:
     """Replace the model's nn.Linear / nn.QuantizedLinear leaves by MarlinLinear in place.
 
-    A layer is converted when its choice is a format (see the module docstring). A layer
-    whose shape the chosen format cannot hold (K not a multiple of its granule or group) is
-    skipped with the reason when the format came from a default for all layers, and is an
-    error when a rule or function chose it for that layer. Sibling layers named in one of the
-    `fuse` groups (default: q/k/v and gate/up projections) that get the same format and read
-    inputs of the same size become one fused layer (models/fuse.py); `fuse=()` turns that off.
-    `progress` (e.g. sys.stderr) receives a progress line per layer.
-    """
-    choose = chooser(format, group_size)
-    one_for_all = isinstance(format, (str, Format))
+    A layer is converted when its choice is a format (see the module docstring); a rule whose
+    pattern matches no linear layer is an error (`rules.UnmatchedRules`, with near matches).
+    A layer whose shape the chosen format cannot hold (K not a multiple of its granule or
+    group) is skipped with the reason when the format came from a default for all layers (one
+    format for all, or the catch-all rule "*"; `Conversion.unconverted` lists them), and is an
+    error when a rule naming it or a function chose it for that layer. Sibling layers named
+    in one of the `fuse` groups (default: q/k/v and gate/up projections) that get the same
+    format and read inputs of the same size become one fused layer (models/fuse.py);
+    `fuse=()` turns that off. `progress` (e.g. sys.stderr) receives a bar (a terminal) or a
+    line per layer (anything else). Errors name the source tensor (`<path>.weight`) and the
+    index in its own shape, or the layer."""
     layers = [(path, m) for path, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
               if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
+    check_rules_match(format, [path for path, _ in layers])
+    choose, resolve = chooser(format), Resolver(group_size)
     start = time.perf_counter()
     formats: dict[str, Format] = {}
     skipped: dict[str, str] = {}
-    resolved = {path: _resolve(choose(path, module), group_size, path) for path, module in layers}
+    resolved = {path: resolve(choose(path, module), path) for path, module in layers}
     groups = _fusion_groups(dict(layers), resolved, [tuple(g) for g in fuse])
     in_group = {f"{parent}.{part}" if parent else part: (parent, parts)
                 for parent, parts in groups for part in parts}
     fused: dict[str, list[tuple[str, ...]]] = {}
-    for i, (path, module) in enumerate(layers):
-        if path in in_group:
-            parent, parts = in_group[path]
-            if path.endswith("." + parts[0]) or path == parts[0]:  # the group's first part does it
-                group = _fuse_group(model, parent, parts, resolved[path], backend)  # type: ignore[arg-type]
-                fused.setdefault(parent, []).append(parts)
-                for part in parts:
-                    formats[f"{parent}.{part}" if parent else part] = group.layer.format
-            if progress is not None:
-                _progress(progress, i + 1, len(layers), path, time.perf_counter() - start)
-            continue
-        fmt = resolved[path]
-        if fmt is None:
-            skipped[path] = "no format chosen"
-            continue
-        if isinstance(fmt, Format):
-            try:
-                fmt.check_shape(*_dims(module), f"layer {path!r}")
-            except ShapeError as err:
-                if not one_for_all:
-                    raise
-                skipped[path] = str(err)
+    steps = Progress(progress, len(layers))
+    try:
+        for path, module in layers:
+            if path in in_group:
+                parent, parts = in_group[path]
+                if path.endswith("." + parts[0]) or path == parts[0]:  # the group's first part does it
+                    group = _fuse_group(model, parent, parts, resolved[path], backend)  # type: ignore[arg-type]
+                    fused.setdefault(parent, []).append(parts)
+                    for part in parts:
+                        formats[f"{parent}.{part}" if parent else part] = group.layer.format
+                chosen = resolved[path]
+                steps.step(path, f"{getattr(chosen, 'name', chosen)} (fused: {'+'.join(parts)})")
                 continue
-        new = _convert_one(path, module, fmt, backend)
-        mx.eval(new.parameters())  # one layer at a time: bounded memory, honest progress
-        formats[path] = new.format
-        # Swap it in now, so the source layer's weights can be freed before the next layer.
-        model.update_modules(tree_unflatten([(path, new)]))
-        if progress is not None:
-            _progress(progress, i + 1, len(layers), path, time.perf_counter() - start)
-    if progress is not None and layers:
-        progress.write("\n")
+            fmt = resolved[path]
+            if fmt is None:
+                skipped[path] = NOT_CHOSEN
+                steps.step(path, "left as it is")
+                continue
+            if isinstance(fmt, Format):
+                try:
+                    fmt.check_shape(*_dims(module), f"layer {path!r}")
+                except ShapeError as err:
+                    if not by_default(format, path):
+                        raise
+                    skipped[path] = why = str(err).removeprefix(f"layer {path!r}: ")
+                    steps.step(path, f"left as it is: {why}")
+                    continue
+            new = _convert_one(path, module, fmt, backend)
+            mx.eval(new.parameters())  # one layer at a time: bounded memory, honest progress
+            formats[path] = new.format
+            # Swap it in now, so the source layer's weights can be freed before the next layer.
+            model.update_modules(tree_unflatten([(path, new)]))
+            steps.step(path, new.format.name)
+    finally:
+        steps.close()  # an error starts on a line of its own
     return Conversion(formats, skipped, time.perf_counter() - start, fused)
 
 
@@ -208,7 +229,7 @@ def _fusion_groups(layers: dict[str, nn.Module], resolved: dict[str, object],
 
 
 def _fuse_group(model: nn.Module, parent_path: str, parts: tuple[str, ...], fmt: Format | str,
-                backend: Backend) -> "FusedLinear":
+                backend: Backend) -> FusedLinear:
     """Convert one group's layers as one (their outputs side by side) and install it."""
     from ..formats import PackedWeights
     from ..layers.interop import packed_from_quantized
@@ -216,44 +237,35 @@ def _fuse_group(model: nn.Module, parent_path: str, parts: tuple[str, ...], fmt:
 
     parent = _module(model, parent_path) if parent_path else model
     modules = [parent[p] for p in parts]
+    paths = [f"{parent_path}.{p}" if parent_path else p for p in parts]
     sizes = tuple(_dims(m)[1] for m in modules)
     biases = [m.get("bias") for m in modules]
     bias = None
     if any(b is not None for b in biases):
         dtype = next(b.dtype for b in biases if b is not None)
         bias = mx.concatenate([b if b is not None else mx.zeros((n,), dtype) for b, n in zip(biases, sizes)])
+    dtypes = [d for d in (_result_dtype(m) for m in modules) if d is not None]
     if fmt == EXACT:
         packed = [packed_from_quantized(m) for m in modules]
         arrays = {name: mx.concatenate([p.arrays[name] for p in packed], axis=1) for name in packed[0].arrays}
         joined = PackedWeights(packed[0].format, (packed[0].shape[0], sum(sizes)), arrays)
-        layer = MarlinLinear.from_packed(joined, bias, backend=backend)
+        try:
+            layer = MarlinLinear.from_packed(joined, bias, backend=backend)
+        except MarlinDSLError as err:
+            raise type(err)(f"layers {paths}: {err.message}", err.location) from None
     else:
-        weights = [_float_weight(m) for m in modules]
         source = nn.Linear(1, 1, bias=False)
-        source.weight = mx.concatenate(weights, axis=0)
+        source.weight = mx.concatenate([_float_weight(m) for m in modules], axis=0)
         if bias is not None:
             source.bias = bias
         assert isinstance(fmt, Format)
-        layer = MarlinLinear.from_linear(source, fmt, backend=backend)
+        layer = MarlinLinear.from_linear(source, fmt, backend=backend, name="+".join(paths),
+                                         sources=[_source_part(p, m) for p, m in zip(paths, modules)])
+    layer.source_dtype = promoted(*dtypes) if dtypes else None
     mx.eval(layer.parameters())
     group = FusedLinear(layer, sizes)
     install(parent, parts, group)
     return group
 
 
-def _float_weight(module: nn.Module) -> mx.array:
-    if isinstance(module, nn.QuantizedLinear):
-        return mx.dequantize(module["weight"], module["scales"], module.get("biases"),
-                             module.group_size, module.bits, module.mode)
-    return module["weight"]
-
-
-def _progress(out: TextIO, done: int, total: int, path: str, seconds: float) -> None:
-    width = 30
-    filled = width * done // total
-    bar = "#" * filled + "." * (width - filled)
-    out.write(f"\r[{bar}] {done}/{total} {seconds:6.1f}s {path[-40:]:<40}")
-    out.flush()
-
-
-__all__ = ["EXACT", "Conversion", "chooser", "convert"]
+__all__ = ["EXACT", "NOT_CHOSEN", "Conversion", "convert"]
