@@ -5,6 +5,7 @@ variant, with mlx-lm 4-bit as the reference line.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -44,4 +45,6 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_bench_json", help="a model_bench.json; the plot is written beside it (.png)")
+    sys.exit(main(parser.parse_args().model_bench_json))

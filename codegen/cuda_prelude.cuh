@@ -96,7 +96,7 @@ __device__ __forceinline__ frag_cw<N> zero_cw() {
 // swizzled rows (PTX ISA 9.7.15.5.1): start address >> 4 in bits [0, 14), leading byte offset
 // 16 >> 4 (unused by the swizzled K-major layout) in [16, 30), stride byte offset SBO >> 4 (the
 // distance of 8-row atoms) in [32, 46), base offset 0 (atoms are SBO-aligned), swizzle mode 1
-// (128 bytes) in [62, 64). bench/wgmma_probe.py checked these encodings on an H100.
+// (128 bytes) in [62, 64). bench/probes/wgmma_probe.py checked these encodings on an H100.
 #ifndef MDSL_HOST_LAYOUT_CHECK  // a host build of this file has no shared address space
 template <uint32_t SBO>
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* p) {
@@ -122,7 +122,7 @@ __device__ __forceinline__ uint32_t bits16(__nv_bfloat16 v) {
 
 // A half2 / bfloat162 and the 32-bit word holding it (element 0 in the low half). A bit cast,
 // as cuda_fp16.hpp's own __HALF2_TO_UI: building the word with shifts and ORs made ptxas emit
-// one PRMT per pair (46 of 198 instructions in a 4-bit M = 1 weight-stream loop, bench/sass_count.py).
+// one PRMT per pair (46 of 198 instructions in a 4-bit M = 1 weight-stream loop, bench/probes/sass_count.py).
 __device__ __forceinline__ uint32_t pair_bits(__half2 v) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }

@@ -262,7 +262,7 @@ def test_missing_ring_wait_fails(built) -> None:
 # ----- the shim's MMAs and runtime on small kernels -------------------------------------------------
 
 def _load_probe():
-    spec = importlib.util.spec_from_file_location("mma_sp_ir_probe", ROOT / "bench" / "mma_sp_ir_probe.py")
+    spec = importlib.util.spec_from_file_location("mma_sp_ir_probe", ROOT / "bench" / "probes" / "mma_sp_ir_probe.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -274,7 +274,7 @@ probe = _load_probe()
 @pytest.mark.parametrize("elem", ["f16", "bf16"])
 @pytest.mark.parametrize("b_from", ["build", "load"])
 def test_mma_sp_probe_is_exact(elem: str, b_from: str) -> None:
-    """bench/mma_sp_ir_probe.py's kernel (selector 0 then 1 on one metadata register): the
+    """bench/probes/mma_sp_ir_probe.py's kernel (selector 0 then 1 on one metadata register): the
     shim's mma.sp equals the dense products exactly."""
     kernel = probe.build_kernel(elem, b_from)
     buffers, scalars, want = probe.make_case(np.random.default_rng(3), warps=4, b_from=b_from)

@@ -1,6 +1,6 @@
 """Self-consistency of the numpy model of mma.sp::ordered_metadata m16n8k32 f16/bf16
 (marlin_dsl/machine/cuda/sparse_layout.py).  The model against real hardware is
-bench/mma_sp_probe.py's job."""
+bench/probes/mma_sp_probe.py's job."""
 from __future__ import annotations
 
 import numpy as np

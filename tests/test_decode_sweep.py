@@ -1,4 +1,4 @@
-"""bench/decode_sweep.py, the issue-15 GPU sweep of decode schedules: its dry run here (every
+"""bench/probes/decode_sweep.py, the issue-15 GPU sweep of decode schedules: its dry run here (every
 kernel built, printed, nvcc-compiled and checked in the IR interpreter) and its GPU path
 (correctness against the float64 reference with poisoned outputs, then timing and the summary)
 driven end to end with the interpreter standing in for the GPU launcher, so that the one GPU
@@ -19,7 +19,7 @@ from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.kernel_args import gemm_buffers, read_output
 from marlin_dsl.targets.cuda.nvcc import find_nvcc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "probes"))
 import decode_sweep  # noqa: E402
 import decode_sweep_kernels  # noqa: E402
 
@@ -136,9 +136,9 @@ def test_ncu_path_drives_itself_and_reads_the_log(tmp_path: Path, monkeypatch, c
 
 
 def test_example_formats_gpu_script_runs_its_checks_on_mlx_ops(tmp_path) -> None:
-    """bench/example_formats_gpu.py's logic on the CPU (MLX ops stand in for the kernels): every
+    """bench/probes/example_formats_gpu.py's logic on the CPU (MLX ops stand in for the kernels): every
     row passes the error model's checks and names a schedule; without poisoning it refuses."""
-    script = Path(__file__).resolve().parent.parent / "bench" / "example_formats_gpu.py"
+    script = Path(__file__).resolve().parent.parent / "bench" / "probes" / "example_formats_gpu.py"
     env = {**os.environ, "MARLIN_DSL_POISON": "1"}
     args = [sys.executable, str(script), "--formats", "int3_zp", "nf4_pairwise_4of8", "--shapes", "320x72",
             "--ms", "1,3", "--out", str(tmp_path)]

@@ -5,7 +5,7 @@ architecture each is compiled for, and the exact arguments handed to
 interpreter with the inputs in the order they arrive (so a misordered argument gives a wrong
 product) and against what the `mx.fast.cuda_kernel` path hands MLX for the same launch. NVRTC is
 a recording stand-in here (tests/test_nvrtc.py compiles for real); the dry run of
-bench/launch_path_bench.py compiles for real where libnvrtc is installed."""
+bench/probes/launch_path_bench.py compiles for real where libnvrtc is installed."""
 from __future__ import annotations
 
 import json
@@ -300,7 +300,7 @@ def test_template_arguments_are_refused(rec):
 # ----- the benchmark's dry run ---------------------------------------------------------------------
 
 def _bench(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "launch_path_bench.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "probes" / "launch_path_bench.py"), *args],
                           capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "MARLIN_DSL_CACHE": str(tmp_path / "cache"), **env})
 
@@ -336,7 +336,7 @@ def test_bench_measurement_loop_runs_with_stand_ins(rec, tmp_path, monkeypatch):
     import importlib.util
 
     monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location("launch_path_bench", ROOT / "bench" / "launch_path_bench.py")
+    spec = importlib.util.spec_from_file_location("launch_path_bench", ROOT / "bench" / "probes" / "launch_path_bench.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     p = bench.plan("fp4", 256, 256, 1, "sm_90")

@@ -1,7 +1,7 @@
 """The 2:4 sparse MMA op `mma_sp`: target tables, verifier, interpreter, CUDA printer (compiled
 with nvcc for sm_80 and sm_90, no GPU) and the textual IR.
 
-The kernels are bench/mma_sp_ir_probe.py's (`build_kernel`, `make_case`): every lane loads its
+The kernels are bench/probes/mma_sp_ir_probe.py's (`build_kernel`, `make_case`): every lane loads its
 own compressed A, B and metadata word, builds fragments with `frag_build` (or `frag_load` for
 B), and runs mma_sp with selector 0 and then 1 on one shared metadata register. The buffers
 come from machine/cuda/sparse_layout.py, the model of the instruction checked on an H100;
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_probe():
-    spec = importlib.util.spec_from_file_location("mma_sp_ir_probe", ROOT / "bench" / "mma_sp_ir_probe.py")
+    spec = importlib.util.spec_from_file_location("mma_sp_ir_probe", ROOT / "bench" / "probes" / "mma_sp_ir_probe.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -338,6 +338,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is
                                                      "printed mma_sp kernels are compile-checked with nvcc")
 
 
+@pytest.mark.slow  # an nvcc/ptxas sweep: CI runs it (-m slow)
 @needs_nvcc
 def test_nvcc_compiles_for_sm80_and_sm90():
     sources = [print_cuda(probe.build_kernel(e, f)) for e, f in CASES]

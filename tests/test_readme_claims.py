@@ -1,7 +1,9 @@
 """Issue 17: the headline numbers of README.md and bench/README.md are read from the committed
 result files under bench/results/ and must appear in the text as written (rounded as there).
 A re-run that changes a result file without the READMEs, or an edit of a number without a
-result behind it, fails here."""
+result behind it, fails here. README.md's measurements are its "How fast" table (issue 31);
+the paragraphs it carried before, with their numbers, are in bench/README.md's "From the
+README (until 2026-11-28)", verbatim."""
 from __future__ import annotations
 
 import json
@@ -31,24 +33,26 @@ def _m2048(doc: dict, key: str) -> list[float]:
 
 
 def test_decode_times_at_m1() -> None:
-    """README: fp4 at M = 1 (best tuned weight-stream kernel, Nsight Compute) and MLX 4-bit."""
+    """The README's old status (in bench/README): fp4 at M = 1 (best tuned weight-stream kernel,
+    Nsight Compute) and MLX 4-bit."""
     rows = _load("issue15_h100_2026-11-25c/decode/decode_sweep.json")["rows"]
 
     def best(subject: str, shape: tuple[int, int]) -> float:
         return min(r["time_ns"] for r in rows if r["M"] == 1 and r["subject"] == subject
                    and (r["K"], r["N"]) == shape) / 1e3
 
-    assert f"fp4 at M = 1 takes {_slash([best('fp4', s) for s in SHAPES], 1)} us" in README.replace("\n", " ")
-    assert f"MLX 4-bit {_slash([best('mlx_q4', s) for s in SHAPES], 1)}" in README.replace("\n", " ")
+    assert f"fp4 at M = 1 takes {_slash([best('fp4', s) for s in SHAPES], 1)} us" in BENCH_README.replace("\n", " ")
+    assert f"MLX 4-bit {_slash([best('mlx_q4', s) for s in SHAPES], 1)}" in BENCH_README.replace("\n", " ")
 
 
 def test_warpgroup_times_at_m2048() -> None:
-    """README: the tuned dense warpgroup kernel (256x128, 4 stages, depth 2) at M = 2048."""
+    """The README's old status (in bench/README): the tuned dense warpgroup kernel (256x128, 4
+    stages, depth 2) at M = 2048."""
     doc = _load("issue15_h100_2026-11-25c/warpgroup_results.json")
     ours = _m2048(doc, "wgs256x128s4d2_us")
     fp16 = _m2048(doc, "fp16_us")
     mlx4 = _m2048(doc, "mlx4_us")
-    text = README.replace("\n", " ")
+    text = BENCH_README.replace("\n", " ")
     assert f"the warpgroup kernels take {_slash(ours, 0)} us" in text
     ratio = [f / o for f, o in zip(fp16, ours)]
     assert f"{min(ratio):.2f}-{max(ratio):.2f}x fp16" in text
@@ -58,12 +62,13 @@ def test_warpgroup_times_at_m2048() -> None:
 
 
 def test_sparse_wgmma_times_at_m2048() -> None:
-    """README and bench/README "Issue 15, third round": fp4 2:4 on the sparse wgmma with steps
-    in pairs, the 192x128 s3 d2 schedule (the tuned one), in run 5 and again in run 6."""
+    """The README's old status and bench/README "Issue 15, third round": fp4 2:4 on the sparse
+    wgmma with steps in pairs, the 192x128 s3 d2 schedule (the tuned one), in run 5 and again in
+    run 6."""
     doc = _load("issue15_h100_2026-11-25d/sparse_wgmma/run5_pairs.json")
     ours = _m2048(doc, "wgs192x128s3d2_us")
     fp16 = _m2048(doc, "fp16_us")
-    text = README.replace("\n", " ")
+    text = BENCH_README.replace("\n", " ")
     ratio = [f / o for f, o in zip(fp16, ours)]
     assert f"{_slash(ours, 1)} us ({min(ratio):.2f}-{max(ratio):.2f}x fp16 in that run" in text
     assert all(c["ok"] for c in doc["checks"])
@@ -90,13 +95,13 @@ def test_model_prefill_and_decode() -> None:
 
 
 def test_readme_model_speedups() -> None:
-    """README's model line: fp4 against mlx-lm's 4-bit layers, from the run in
-    issue15_h100_2026-11-27c (run 8: prefill 512 / 2048 tokens, decode)."""
+    """The README's old model line (in bench/README): fp4 against mlx-lm's 4-bit layers, from
+    the run in issue15_h100_2026-11-27c (run 8: prefill 512 / 2048 tokens, decode)."""
     rows = {r["variant"]: r for r in _load("issue15_h100_2026-11-27c/run8_model_bench_parts.json")["rows"]}
     fp4, mlx4 = rows["fp4"], rows["mlx_4bit_g64"]
     pre = [mlx4[f"prefill_{t}_ms"] / fp4[f"prefill_{t}_ms"] for t in (512, 2048)]
     dec = mlx4["decode_ms_per_token"] / fp4["decode_ms_per_token"]
-    text = README.replace("\n", " ")
+    text = BENCH_README.replace("\n", " ")
     assert f"fp4 prefills 512/2048 tokens {pre[0]:.2f}x/{pre[1]:.2f}x faster" in text
     assert f"decodes at {dec:.2f}x" in text
 
@@ -114,9 +119,15 @@ def test_first_generation_bench_range() -> None:
 @pytest.mark.parametrize("claim", ["2,268 GPU checks", "1.3-6x faster than MLX at M = 1-16",
                                    "59-4,000 us", "0.25-0.67x"])
 def test_stale_claims_are_gone(claim: str) -> None:
-    """Claims issue 17 found wrong against their result files."""
-    for text in (README, BENCH_README):
-        assert claim not in " ".join(text.split())
+    """Claims issue 17 found wrong against their result files: in none of the texts that carry
+    measurements, which are README.md, bench/README.md (holding the README's old paragraphs,
+    where such claims lived) and the guides under docs/."""
+    assert "Status: the format DSL" in BENCH_README and "Speed, honestly:" in BENCH_README
+    texts = {"README.md": README, "bench/README.md": BENCH_README,
+             **{f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}}
+    assert len(texts) > 5
+    for name, text in texts.items():
+        assert claim not in " ".join(text.split()), name
 
 
 def test_warp_roles_and_read_floor(capsys: pytest.CaptureFixture) -> None:
@@ -131,7 +142,7 @@ def test_warp_roles_and_read_floor(capsys: pytest.CaptureFixture) -> None:
         for key in ("ws256c44_us", "wg256_us"):
             assert " | ".join(f"{v:.1f}" for v in _m2048(doc, key)) + " |" in text, (run, key)
         assert doc["checks"] and all(c["ok"] for c in doc["checks"]), run
-    spec = importlib.util.spec_from_file_location("read_floor_probe", ROOT / "bench" / "read_floor_probe.py")
+    spec = importlib.util.spec_from_file_location("read_floor_probe", ROOT / "bench" / "probes" / "read_floor_probe.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)  # type: ignore[union-attr]
     probe.report(RESULTS / "issue15_h100_2026-11-27" / "read_floor_ncu.txt")
@@ -163,7 +174,7 @@ def test_host_path_round() -> None:
     assert bf16["fp4"]["decode_ms_per_token"] < bf16["mlx_4bit_g64"]["decode_ms_per_token"]
     ratio = bf16["mlx_4bit_g64"]["decode_ms_per_token"] / bf16["fp4"]["decode_ms_per_token"]
     assert f"fp4 {bf16['fp4']['decode_ms_per_token']:.2f} ms/token" in text and f"{ratio:.2f}x (the sixth" in text
-    assert f"in bf16 it now decodes at {ratio:.2f}x" in " ".join(README.split())
+    assert f"in bf16 it now decodes at {ratio:.2f}x" in text
     checks = _load(f"{run}/fused_parts_gpu.json")
     assert checks["poisoned"] and all(r["ok"] and r["bit_identical_to_split"] for r in checks["rows"])
     assert f"{len(checks['rows'])}/{len(checks['rows'])}. fp4, int4" in text
@@ -216,18 +227,18 @@ def test_bf16_round() -> None:
 
 
 def test_activation_sparse_gemm_round() -> None:
-    """bench/README and README, issue 15's eighth round: the sparse FFN step before and after,
-    the mma.sp ceiling and the final GPU checks, from their result files."""
+    """bench/README, issue 15's eighth round and the README's old "Speed, honestly": the sparse
+    FFN step before and after, the mma.sp ceiling and the final GPU checks, from their result
+    files."""
     text = " ".join(BENCH_README.split())
-    readme = " ".join(README.split())
     run = "issue15_h100_2026-11-27d"
     final = _load(f"{run}/run13_h100_final_ffn.json")
     assert "H100" in final["device"]
     ms = {r["what"]: r["ms"] for r in final["rows"]}
     dense, split, dense_dw2 = ms["dense_fwd_bwd"], ms["top2_split_fwd_bwd"], ms["top2_densedw2_fwd_bwd"]
     assert f"| {dense:.2f} | **{split:.2f}** | **{dense_dw2:.2f}** | **{dense / split:.2f}x** ({dense / dense_dw2:.2f}x) |" in text
-    assert f"takes {split:.1f} ms with the split dW2 and {dense_dw2:.1f} ms with `dw2=\"dense\"`" in readme
-    assert f"against {dense:.1f} ms for the dense layer" in readme
+    assert f"takes {split:.1f} ms with the split dW2 and {dense_dw2:.1f} ms with `dw2=\"dense\"`" in text
+    assert f"against {dense:.1f} ms for the dense layer" in text
     rows = _load(f"{run}/run8_h100_mma_rate.json")["rows"]
 
     def rate(name: str) -> int:  # the mean over 4, 8 and 16 warps a block, to 10 TFLOP/s
@@ -238,3 +249,89 @@ def test_activation_sparse_gemm_round() -> None:
     checks = _load(f"{run}/run13_h100_final_check.json")["rows"]
     assert all(r["ok"] for r in checks) and f"{len(checks)}/{len(checks)} (`check`, final code" in text
     assert "0 errors" in (RESULTS / run / "run13_h100_final_memcheck.log").read_text()
+
+
+#: README.md's "How fast" table and bench/README.md's current table: the whole-model run
+HOW_FAST = "model_h200_2026-11-28/model_bench.json"
+#: the table's columns, as result variants
+HOW_FAST_COLUMNS = {"fp16": "fp16", "mlx-lm 4-bit (g64)": "mlx_4bit_g64", "marlin-dsl fp4 (g128)": "fp4"}
+#: the table's rows: label -> (result key, a cell as printed)
+HOW_FAST_ROWS = {
+    "weights": ("weight_gb", "{:.1f} GB"),
+    "decode, 1 stream": ("decode_tokens_per_s", "{:.0f} tokens/s"),
+    "decode, 16 streams (continuous batching)": ("batch_16_tokens_per_s", "{:.0f} tokens/s"),
+    "decode, 32 streams (continuous batching)": ("batch_32_tokens_per_s", "{:.0f} tokens/s"),
+    "prefill, 512 tokens": ("prefill_512_ms", "{:.1f} ms"),
+    "prefill, 2048 tokens": ("prefill_2048_ms", "{:.1f} ms"),
+}
+#: where each README has the table
+HOW_FAST_SECTIONS = {"README.md": (README, "## How fast"),
+                     "bench/README.md": (BENCH_README, "## The current numbers: a whole model")}
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def _table(section: str) -> list[list[str]]:
+    """The section's first Markdown table, as rows of stripped cells (the rule line dropped)."""
+    lines = section.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip()[1:-1].split("|")])
+    assert set("".join(rows[1])) <= set("-: "), rows[1]
+    return [rows[0], *rows[2:]]
+
+
+@pytest.mark.parametrize("name", list(HOW_FAST_SECTIONS))
+def test_how_fast_table_is_the_model_run(name: str) -> None:
+    """Every number of README.md's "How fast" table (weights, tokens/s at 1, 16 and 32 streams,
+    prefill ms at 512 and 2048 tokens; fp16, mlx-lm 4-bit g64, fp4) is the result file's value
+    rounded as printed, the fastest of each speed row (and only it) in bold; bench/README.md's
+    current table is the same table. Each says which run it is."""
+    doc = _load(HOW_FAST)
+    rows = {r["variant"]: r for r in doc["rows"]}
+    text, heading = HOW_FAST_SECTIONS[name]
+    section = _section(text, heading)
+    header, *body = _table(section)
+    assert header == ["", *HOW_FAST_COLUMNS], (name, header)
+    assert [row[0] for row in body] == list(HOW_FAST_ROWS), name
+    for label, *cells in body:
+        key, cell = HOW_FAST_ROWS[label]
+        values = [rows[variant][key] for variant in HOW_FAST_COLUMNS.values()]
+        assert [c.strip("*") for c in cells] == [cell.format(v) for v in values], (name, label)
+        if key != "weight_gb":
+            best = values.index(max(values) if key.endswith("tokens_per_s") else min(values))
+            assert [c.startswith("**") and c.endswith("**") for c in cells] == [i == best for i in range(3)], (name, label)
+    flat = " ".join(section.split())
+    assert doc["device"]["device_name"] == "NVIDIA H200" and "NVIDIA H200" in flat, name
+    assert f"medians of {doc['repeats']} rounds" in flat and HOW_FAST.split("/")[0] in flat, name
+    assert doc["layers"] == 32 and "32 layers" in flat and doc["dtype"] == "float16" and "float16" in flat, name
+    if name == "bench/README.md":
+        assert f"{doc['date']}, commit {doc['commit']}, MLX {doc['mlx']}" in flat
+        assert f"{doc['decode_tokens']} decode tokens after a 32-token prompt" in flat
+        assert f"32-token prompts, {doc['batch_tokens']} tokens per stream" in flat
+    assert _table(_section(README, "## How fast")) == _table(_section(BENCH_README, "## The current numbers: a whole model"))
+
+
+def test_current_model_run_spread_and_graph_build() -> None:
+    """bench/README's notes under the current table: the spread of single rounds and the graph
+    build time per decode token, from the same result file."""
+    rows = {r["variant"]: r for r in _load(HOW_FAST)["rows"]}
+    flat = " ".join(_section(BENCH_README, "## The current numbers: a whole model").split())
+
+    def spread(variant: str, key: str, digits: int) -> str:
+        got = [v["tokens_per_s"] if isinstance(v, dict) else v for v in rows[variant][key]]
+        return f"{min(got):.{digits}f}-{max(got):.{digits}f}"
+
+    assert (f"prefill 512 tokens: fp16 {spread('fp16', 'prefill_512_ms_all', 1)} ms, "
+            f"fp4 {spread('fp4', 'prefill_512_ms_all', 1)} ms") in flat
+    assert (f"at 32 streams: fp16 {spread('fp16', 'batch_32_all', 0)} tokens/s, "
+            f"fp4 {spread('fp4', 'batch_32_all', 0)} tokens/s") in flat
+    assert (f"build {rows['fp4']['graph_build_ms_per_token']:.2f} ms per token for fp4 against "
+            f"{rows['mlx_4bit_g64']['graph_build_ms_per_token']:.2f} for mlx-lm 4-bit") in flat

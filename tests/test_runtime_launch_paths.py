@@ -3,7 +3,7 @@
 CUDA paths run with a stand-in for `mx.fast.cuda_kernel` that checks MLX's calling convention
 (inputs in `input_names` order, the `dims` input, grid and threadgroup) and returns zeroed
 outputs of the shapes asked for, so what is checked is the wiring, not the numbers (those are
-the GPU scripts' part: bench/gpu_correctness.py, bench/activation_gpu.py)."""
+the GPU scripts' part: bench/gpu_correctness.py, bench/probes/activation_gpu.py)."""
 from __future__ import annotations
 
 import numpy as np

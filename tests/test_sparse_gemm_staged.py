@@ -2,7 +2,7 @@
 block a shape gets, where B's fragment registers come from in a staged row of B^T, what the
 kernel declares, and the errors for blocks and targets it cannot take. Its results are checked
 in the interpreter (test_sparsify_kernels.py), as printed CUDA on the CPU harness
-(test_cuda_cpu_activation.py) and on the GPU (bench/sparse_gemm_gpu.py check)."""
+(test_cuda_cpu_activation.py) and on the GPU (bench/probes/sparse_gemm_gpu.py check)."""
 from __future__ import annotations
 
 import dataclasses

@@ -310,7 +310,7 @@ def test_swizzled_rows_are_wgmma_layouts_128_byte_swizzle() -> None:
     layout = CUDA.warpgroup_b_layout
     rows, cols = np.meshgrid(np.arange(64), np.arange(64), indexing="ij")
     ours = layout.element(rows, cols, 2) * 2
-    checked = wl.offset_swizzle128(rows, cols)  # checked on an H100 (bench/wgmma_probe.py)
+    checked = wl.offset_swizzle128(rows, cols)  # checked on an H100 (bench/probes/wgmma_probe.py)
     assert np.array_equal(ours, checked)
 
 

@@ -1,7 +1,7 @@
 """Self-consistency of the numpy model of Hopper's wgmma operands
-(marlin_dsl/machine/cuda/wgmma_layout.py), and of the records bench/wgmma_probe.py sends to the
+(marlin_dsl/machine/cuda/wgmma_layout.py), and of the records bench/probes/wgmma_probe.py sends to the
 GPU: an emulator here reads them back with the PTX ISA's rules written out independently.
-The model against real hardware is bench/wgmma_probe.py's job."""
+The model against real hardware is bench/probes/wgmma_probe.py's job."""
 from __future__ import annotations
 
 import importlib.util
@@ -146,7 +146,7 @@ def test_b32_packing_matches_sparse_layout():
 # --- the probe's records, read back with the PTX ISA's rules --------------------------------
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("wgmma_probe", ROOT / "bench" / "wgmma_probe.py")
+    spec = importlib.util.spec_from_file_location("wgmma_probe", ROOT / "bench" / "probes" / "wgmma_probe.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -208,7 +208,7 @@ def test_probe_driver_end_to_end_on_an_emulated_gpu(tmp_path, monkeypatch, capsy
 
     probe = _probe()
     exe = tmp_path / "fake_gpu"
-    script = _FAKE_GPU.format(tests=str(ROOT / "tests"), bench=str(ROOT / "bench"), swap=swap,
+    script = _FAKE_GPU.format(tests=str(ROOT / "tests"), bench=str(ROOT / "bench" / "probes"), swap=swap,
                               crash=crash)
     (tmp_path / "fake_gpu.py").write_text(script)
     exe.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake_gpu.py"} "$@"\n')

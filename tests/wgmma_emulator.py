@@ -1,4 +1,4 @@
-"""A numpy emulator of what a warpgroup's wgmma computes for one bench/wgmma_probe.py record,
+"""A numpy emulator of what a warpgroup's wgmma computes for one bench/probes/wgmma_probe.py record,
 written from the PTX ISA's rules (9.7.15.5 fragments and shared-memory layouts, 9.7.15.5.1
 matrix descriptor, 9.7.15.6 sparse metadata) independently of wgmma_layout.py, so the records
 the probe sends can be checked without a GPU.  Numpy only (the fake GPU of

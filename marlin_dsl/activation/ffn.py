@@ -30,7 +30,7 @@ No host sync: nothing on the forward or backward path reads an array's value on 
 (the split's column selection, gather and scatter are device ops on static shapes; seeds and
 counts are host integers from the call's arguments and shapes), so a training step is queued
 without waiting for the device and traces under `mx.compile` (tests/test_ffn_no_sync.py on
-MLX ops; bench/ffn_no_sync_gpu.py with the CUDA kernels).
+MLX ops; bench/probes/ffn_no_sync_gpu.py with the CUDA kernels).
 Under `mx.compile` the seeds are trace-time constants (they are hashed on the host into the
 graph), so a compiled step repeats its MVUE draws until it is traced again for a new seed.
 """

@@ -43,7 +43,7 @@ K, and its tiles there are zero-filled (values and B; the metadata stays the las
 
 Measured on the H100 (bench/results/issue15_h100_2026-11-27d): 2.4-2.7 ms for the sparse FFN's
 8192 x 14336 x 4096, 0.50-0.57x cuBLAS's dense GEMM; `mma.sp`'s own ceiling is 1.35x dense
-(`bench/mma_rate_probe.py`), and this kernel reaches 37% of it (docs/DECISIONS.md).
+(`bench/probes/mma_rate_probe.py`), and this kernel reaches 37% of it (docs/DECISIONS.md).
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class FusedLinear(nn.Module):
         object.__setattr__(self, "_bounds", tuple((a, a + s) for a, s in zip(starts, sizes)))
         # [x, the parts' outputs, how many parts have still to take theirs]. A part's call
         # runs 5 times per transformer block and a decode step is bound by host time
-        # (bench/decode_host_probe.py), so it does the least it can: an identity test and a
+        # (bench/probes/decode_host_probe.py), so it does the least it can: an identity test and a
         # countdown, in the part's own frame.
         object.__setattr__(self, "_memo", [None, None, 0])
 

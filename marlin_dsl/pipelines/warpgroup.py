@@ -47,7 +47,7 @@ class Warpgroup:
     #: the loop goes round, and only the steps before its last run on while the next is
     #: prepared). Longer passes were tried: at 3 ptxas serialises the wgmmas (C7513), at 4 it
     #: loaded a later step's words into a register a queued wgmma still read (its SASS, by
-    #: `bench/warpgroup_gpu.py prepare`'s scan)
+    #: `bench/probes/warpgroup_gpu.py prepare`'s scan)
     sparse_pass: int = 2
     #: producer warpgroups (0: none, every warp does everything). With producers the warps
     #: specialise (lowering/warpgroup_roles.py): producer warps copy the activation tiles and

@@ -84,7 +84,7 @@ class WeightStream:
     #: and branch are paid once per `unroll` steps. 1 by default: at 2, ptxas's K loop is
     #: 78.5 instead of 80 SASS instructions per step for fp4 at M = 1 but longer for 2:4 and
     #: M = 16 (register pressure; bench/results/issue15_decode_notes.md), so the GPU sweep
-    #: (bench/decode_sweep.py) decides
+    #: (bench/probes/decode_sweep.py) decides
     unroll: int = 1
     #: Shared-memory slots per warp for the weight words (0: none, registers only). With
     #: S >= 2 each lane copies its words asynchronously S - 1 steps ahead into a ring and

@@ -10,7 +10,7 @@ one 512-thread block per SM instead of two). Bytes in flight in the ring cost sh
 only, which the weight stream barely uses. Measured on the H100 it was 11-22% slower than the
 register fetch at M = 1 and 16 (its copies, addresses and shared reads add instructions to an
 issue-bound loop; bench/results/issue15_h100_2026-11-27e): a schedule option to sweep
-(`bench/decode_sweep.py --stages`), which `tuned_schedule` does not pick.
+(`bench/probes/decode_sweep.py --stages`), which `tuned_schedule` does not pick.
 
 No barrier is needed: a lane reads only the words it copied itself, after an `async_wait`
 that retires its own copy (per-thread completion), and it overwrites a slot only after the

@@ -8,7 +8,7 @@ The instruction modelled is
 (and the `.bf16.bf16` variant, whose layout is identical): D[16x8] = A[16x32] @ B[32x8] + C,
 where A is 2:4 sparse along K and is passed compressed (16x16) together with a metadata word
 `e` (one .b32 per lane) and an immediate sparsity selector F in {0, 1}.  Everything here is
-pure numpy; nothing needs a GPU.  `bench/mma_sp_probe.py` checks the model on a GPU.
+pure numpy; nothing needs a GPU.  `bench/probes/mma_sp_probe.py` checks the model on a GPU.
 
 Notation: L = %laneid (0..31), g = L >> 2 ("groupID"), t = L & 3 ("threadID_in_group").
 Per lane, A and B are 4 .b32 registers holding 2 16-bit elements each; element e = 2*reg + half,
@@ -73,9 +73,9 @@ Sources (NVIDIA PTX ISA, section numbers as in the PTX ISA 8.x/9.x documentation
      The nibble order inside a 16-bit half (group 4h + n at bits 4n..4n+3, lowest group in the
      lowest bits) is the little-endian reading of Figure 122; neither XLA's code nor the MLIR
      test (whose metadata is the same nibble everywhere) pins it down independently, so
-     `bench/mma_sp_probe.py` checks it on the GPU.
+     `bench/probes/mma_sp_probe.py` checks it on the GPU.
 
-Hardware check: `python3 bench/mma_sp_probe.py` passed (every D entry exact) on an H100
+Hardware check: `python3 bench/probes/mma_sp_probe.py` passed (every D entry exact) on an H100
 (sm_90, driver 580.159) for f16 and bf16, selector 0 and 1 with other valid metadata in the
 ignored lanes, and `pack_metadata_pair`; built for sm_90 and for sm_80.  With the model
 replaced by any of the probe's alternative layouts (nibbles reversed, one full row per lane,

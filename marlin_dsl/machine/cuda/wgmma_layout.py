@@ -1,6 +1,6 @@
 """Operand layouts of Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a), as numpy tables.
 
-Pure numpy, no package imports: `bench/wgmma_probe.py` loads this file by path and checks every
+Pure numpy, no package imports: `bench/probes/wgmma_probe.py` loads this file by path and checks every
 table here on an H100, so the pipelines that later use these tables use the checked ones.
 
 Instructions modelled (PTX ISA 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
@@ -49,7 +49,7 @@ fragment sits in .b32 register e >> 1, low half first (e even).
    lane 4g + 2F + h holds row 16w + g in bits [0, 16) and row 16w + g + 8 in bits [16, 32),
    groups 4h..4h+3 (a nibble each, group 4h + n at bit 4n), slot s's 2-bit index at +2s.
 
-Hardware check: `python3 bench/wgmma_probe.py --out DIR --bench` (see its docstring). On an
+Hardware check: `python3 bench/probes/wgmma_probe.py --out DIR --bench` (see its docstring). On an
 NVIDIA H100 80GB HBM3 (2026-11-25, bench/results/issue15_h100_2026-11-25/wgmma_probe.*) every
 case passed: dense m64nNk16 and sparse m64nNk32 (both selectors), N = 8/64/128/256, f16 and
 bf16, A and B from no-swizzle (K- and MN-inner core matrices) and 128-byte-swizzle shared memory

@@ -3,7 +3,7 @@
 MLX's `mx.fast.cuda_kernel` rebuilds the whole kernel source as a string on every call and
 hashes it when the graph is evaluated (mlx/backend/cuda/custom_kernel.cpp, MLX 0.32), so a
 launch's host cost grows with the text: about 11 us at 1 KB, 12.5 us at 8 KB, 22 us at 32 KB
-and 109 us at 128 KB on an H100 host (bench/results/launch_overhead_*). The readable text
+and 109 us at 128 KB on an H100 host (bench/results/issue12_h100_2026-11-24/launch_overhead.log). The readable text
 (comments, indentation) is what `marlin-dsl compile` writes and users vendor; the compact text
 is the same program with comments and layout removed, token for token, and it is the text
 that layers launch and the GPU checks run.

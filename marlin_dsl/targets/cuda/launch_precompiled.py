@@ -4,7 +4,7 @@ Why: MLX's `mx.fast.cuda_kernel` compiles with NVRTC for the device's plain `sm_
 (mlx/backend/cuda/jit_module.cpp), so a kernel written for an architecture-specific target
 (`attrs["cuda_arch"] == "sm_90a"`: Hopper's `wgmma`) cannot go through it. And it rebuilds and
 hashes the kernel's source string on every call; a precompiled launch hands MLX the compiled
-bytes instead, which may cost less host time per call (bench/launch_path_bench.py measures it).
+bytes instead, which may cost less host time per call (bench/probes/launch_path_bench.py measures it).
 
 How MLX 0.32.4 runs it (mlx/backend/cuda/custom_kernel.cpp, `precompiled_custom_kernel` and
 `CustomKernel::eval_gpu`): the bytes (a cubin or PTX) are loaded with `cuModuleLoadDataEx`

@@ -65,7 +65,7 @@ class MmaEmitters:
     def vector_word(self, lo: Value | None, hi: Value | None) -> str | None:
         """`mdsl::vec_word<i>(vec)` when lo and hi are elements 2i and 2i + 1 of one 16-bit
         vector: reading its word as it is, instead of repacking two halves, saves ptxas two
-        PRMTs per fragment register (bench/sass_count.py)."""
+        PRMTs per fragment register (bench/probes/sass_count.py)."""
         a, b = self.extract_of(lo), self.extract_of(hi)
         if a is None or b is None or b[0] is not a[0] or a[1] % 2 or b[1] != a[1] + 1:
             return None

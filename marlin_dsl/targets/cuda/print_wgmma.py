@@ -4,7 +4,7 @@ through a shared-memory matrix descriptor (`mdsl::wgmma_desc_sw128`, codegen/cud
 the sparse form (a 4th operand) as `wgmma.mma_async.sp...m64nNk32` with the metadata register
 and the selector immediate after B, `wgmma_fence` / `wgmma_commit` / `wgmma_wait` as `wgmma.fence` / `commit_group` /
 `wait_group`, and the async-proxy fence. The instruction spellings are those of
-bench/wgmma_probe.cu, which checked them on an H100.
+bench/probes/wgmma_probe.cu, which checked them on an H100.
 
 Inline asm needs every accumulator register as its own operand ("+f"), so the emitters write
 the operand lists out (N/2 floats for N columns). A wait names the accumulator ("+f") and the

@@ -67,9 +67,9 @@ _STEP_VECTORS = 2
 def stream_step_k(fmt: Format, target: Target | None = None) -> int:
     """The weight stream's tile_k: two consecutive K vectors per step where a scale group
     covers both (one scale load, conversion and multiply of the sums per two vectors: K-loop
-    SASS per vector for fp4 at M = 1 80 -> 70.5, M = 16 97 -> 81.5; bench/sass_count.py,
+    SASS per vector for fp4 at M = 1 80 -> 70.5, M = 16 97 -> 81.5; bench/probes/sass_count.py,
     bench/results/issue15_decode_notes.md), else one. Static counts only: the GPU sweep
-    (bench/decode_sweep.py --vectors 1,2) has the last word."""
+    (bench/probes/decode_sweep.py --vectors 1,2) has the last word."""
     layout = stream_layout(fmt, target or CUDA)
     g = fmt.scale.group_size
     vectors = _STEP_VECTORS if g != "K" and int(g) % (_STEP_VECTORS * layout.dense_chunk) == 0 else 1

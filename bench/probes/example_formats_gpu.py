@@ -6,7 +6,7 @@ the CPU harness and in the interpreter.
 
 Runs on the GPU machine (MLX with CUDA; /work/shared/GPU.md):
 
-    MARLIN_DSL_POISON=1 PYTHONPATH=/tmp/site:$PWD python3 bench/example_formats_gpu.py --out $OUT
+    MARLIN_DSL_POISON=1 PYTHONPATH=/tmp/site:$PWD python3 bench/probes/example_formats_gpu.py --out $OUT
 
 Per example format, weight shape (a 4096 x 4096 matrix and one with K and N tails) and
 M in 1, 3, 16, 65, 300: fresh random weights quantised on the device (`from_linear`), fresh
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SHAPES = ((4096, 4096), (4096 + 128, 4096 + 40))  # the tail: 4224 is whole groups of 128, not of 160 or 256

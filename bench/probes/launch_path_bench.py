@@ -19,8 +19,8 @@ together exceed the 50 MB L2 (so a big shape's weights come from DRAM, as in a m
 - sync_us: one call, evaluated and synchronised (latency).
 `mx.quantized_matmul` (4-bit, g64) on the same shape is a built-in reference row.
 
-    python bench/launch_path_bench.py --out bench/results/<dir>/launch_path.json     # on the GPU
-    python bench/launch_path_bench.py --dry-run                                       # no GPU: compile, show
+    python bench/probes/launch_path_bench.py --out bench/results/<dir>/launch_path.json     # on the GPU
+    python bench/probes/launch_path_bench.py --dry-run                                       # no GPU: compile, show
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from marlin_dsl.errors import EnvironmentUnavailable, MarlinDSLError  # noqa: E402

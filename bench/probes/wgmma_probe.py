@@ -2,7 +2,7 @@
 
 Builds, with the layout module only, every byte of the shared-memory tiles, every 64-bit matrix
 descriptor, A-fragment register, sparse metadata word and C accumulator of random
-integer-valued problems (exact in f16, bf16 and f32), runs them through bench/wgmma_probe.cu
+integer-valued problems (exact in f16, bf16 and f32), runs them through bench/probes/wgmma_probe.cu
 (built here with nvcc -arch=sm_90a) and compares the accumulators, mapped back with the
 module's D layout, with A @ B + C exactly.  Cases, for f16 and bf16 and N in 8, 64, 128, 256:
 - dense wgmma m64nNk16, 4 k-steps (K = 64) accumulating, A and B in shared memory in the
@@ -17,7 +17,7 @@ On a failure it reports which alternative layouts (D halves, A registers, LBO/SB
 metadata) would explain the GPU's results.  With --bench it also times back-to-back wgmma
 m64n256k16 against mma.sync m16n8k16 (TFLOP/s and their ratio).
 
-    python3 bench/wgmma_probe.py --out DIR [--bench] [--nvcc PATH] [--dry-run]
+    python3 bench/probes/wgmma_probe.py --out DIR [--bench] [--nvcc PATH] [--dry-run]
 
 Writes DIR/wgmma_probe.json and prints a table.  Exit status: 0 all PASS, 1 some FAIL,
 2 build/run error, 3 no nvcc found.  Needs only numpy.  --dry-run builds the cases, checks the
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 CU = HERE / "wgmma_probe.cu"
 sys.path.insert(0, str(HERE))
 from mma_sp_probe import find_nvcc  # noqa: E402  (numpy-only sibling probe)

@@ -14,8 +14,8 @@ The buffers come from random 2:4-sparse A0, A1 (16x32) and B (32x8) of small int
 `marlin_dsl.machine.cuda.sparse_layout`, so A0 @ B and A0 @ B + A1 @ B are exact in f32 and
 the check is equality. The interpreter runs the same kernel first (it must agree exactly too).
 
-    PYTHONPATH=/tmp/site:$PWD python3 bench/mma_sp_ir_probe.py            # on the GPU machine
-    python3 bench/mma_sp_ir_probe.py --interpret-only                     # anywhere (no MLX)
+    PYTHONPATH=/tmp/site:$PWD python3 bench/probes/mma_sp_ir_probe.py            # on the GPU machine
+    python3 bench/probes/mma_sp_ir_probe.py --interpret-only                     # anywhere (no MLX)
 
 Prints one PASS/FAIL line per case (f16, bf16) x (B from frag_build, B from frag_load), then
 PASS or FAIL. Exit status: 0 all PASS, 1 some FAIL, 2 MLX (with its CUDA backend) unusable.
@@ -29,7 +29,7 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -8,7 +8,7 @@ step (a weight-stream loop unrolled, by its `unroll` or by ptxas, runs several s
 iteration: counted from its MMAs) and per weight a lane decodes, by opcode: the "instructions
 per weight" the issue-15 notes quote.
 
-    python bench/sass_count.py --formats fp4,int4 --ms 1,16 [--k 4096 --n 14336] [--unroll 1] [--show]
+    python bench/probes/sass_count.py --formats fp4,int4 --ms 1,16 [--k 4096 --n 14336] [--unroll 1] [--show]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")

@@ -1,4 +1,4 @@
-"""The kernels of bench/decode_sweep.py: the candidate schedules (the tuned ones and the grid
+"""The kernels of bench/probes/decode_sweep.py: the candidate schedules (the tuned ones and the grid
 the command line asks for), built and printed for CUDA, the probe variants (printed text with a
 load's caching changed), and the kernels folder a dry run writes and the GPU run reads."""
 from __future__ import annotations

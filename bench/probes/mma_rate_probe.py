@@ -3,7 +3,7 @@ back-to-back `mma.sync` m16n8k16 (dense) and `mma.sp` m16n8k32 (2:4 sparse A), f
 accumulators, from registers only (no memory in the loop), so the result is the instruction's
 ceiling, not a kernel's. Each warp keeps 16 independent accumulators in flight.
 
-    python3 bench/mma_rate_probe.py [--out FILE]      # needs CuPy (the GPU machine has it)
+    python3 bench/probes/mma_rate_probe.py [--out FILE]      # needs CuPy (the GPU machine has it)
 
 Reported in dense-equivalent TFLOP/s (an m16n8k32 sparse MMA counts 2 * 16 * 8 * 32): where the
 sparse MMA's rate is no more than the dense one's, 2:4 activations cannot speed up a GEMM on

@@ -2,7 +2,7 @@
 
 Runs on the GPU machine (MLX with CUDA; /work/shared/GPU.md), outputs NaN-poisoned:
 
-    MARLIN_DSL_POISON=1 python bench/fused_parts_gpu.py --out $OUT
+    MARLIN_DSL_POISON=1 python bench/probes/fused_parts_gpu.py --out $OUT
 
 For every built-in format the weight stream takes, f16 and bf16, the q/k/v widths of
 Llama-3-8B (4096 + 1024 + 1024 over K = 4096), gate/up (14336 + 14336), and a ragged triple
@@ -28,7 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import marlin_dsl as md  # noqa: E402
 from marlin_dsl.checks.kernel_check import REL_TOL  # noqa: E402

@@ -6,7 +6,7 @@ then kernel time (`benchmarks.kernel_time`: back-to-back launches, weights rotat
 copies past L2) at each (K, N) and M, with MLX's 4-bit `quantized_matmul` (group 64) and fp16
 `mx.matmul` timed the same way.
 
-    PYTHONPATH=/tmp/site:$PWD python3 bench/multistage_probe.py --out $OUT \\
+    PYTHONPATH=/tmp/site:$PWD python3 bench/probes/multistage_probe.py --out $OUT \\
         --schedules 128:256:4:2:4,64:256:2:4:4 [--formats fp4,fp4_2of4] [--ms 256,2048]
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "1")
 

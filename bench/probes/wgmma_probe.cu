@@ -3,7 +3,7 @@
 //   wgmma.mma_async.sp.sync.aligned.m64nNk32.f32.{f16,bf16}.{f16,bf16}  (2:4 sparse A)
 // for N in {8, 64, 128, 256}, operands in shared memory described by 64-bit matrix descriptors,
 // the shared memory filled either by ordinary stores or by cp.async.bulk + mbarrier.  Driven by
-// bench/wgmma_probe.py, which builds every byte of shared memory, every descriptor (less the
+// bench/probes/wgmma_probe.py, which builds every byte of shared memory, every descriptor (less the
 // tile's base address, added here), every A register and metadata word and C accumulator with
 // the layout module; this program embeds no layout knowledge: it only feeds the instruction.
 // With --bench it also times back-to-back wgmma m64n256k16 against mma.sync m16n8k16.

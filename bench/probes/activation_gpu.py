@@ -1,10 +1,10 @@
 """Issue 6 on the GPU: run-time 2:4 activation sparsity kernels through MLX's CUDA backend.
 
-  python3 bench/activation_gpu.py check [--small]   correctness (sparsify bit-exact vs the numpy
+  python3 bench/probes/activation_gpu.py check [--small]   correctness (sparsify bit-exact vs the numpy
                                                     reference incl. padding words and column
                                                     counts; sparse GEMM vs float64; MVUE mean
                                                     over 10,000 seeds; FFN grads cuda vs mlx)
-  python3 bench/activation_gpu.py bench [--out DIR] forward+backward of the sparse FFN vs dense,
+  python3 bench/probes/activation_gpu.py bench [--out DIR] forward+backward of the sparse FFN vs dense,
                                                     and the kernels alone
 
 Everything is printed; `--out` also writes JSON. Results: bench/results/activation/.

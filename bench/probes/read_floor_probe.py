@@ -16,8 +16,8 @@ f16 scales):
 highest "percent of copy bandwidth" any M = 1 kernel can reach on that shape.
 
     ncu --cache-control all --clock-control none --metrics gpu__time_duration.sum \\
-        -k regex:'mdsl_probe' python3 bench/read_floor_probe.py            # on the GPU machine
-    python3 bench/read_floor_probe.py --report NCU_OUTPUT.txt                # the table (anywhere)
+        -k regex:'mdsl_probe' python3 bench/probes/read_floor_probe.py            # on the GPU machine
+    python3 bench/probes/read_floor_probe.py --report NCU_OUTPUT.txt                # the table (anywhere)
 """
 from __future__ import annotations
 

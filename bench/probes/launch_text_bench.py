@@ -4,11 +4,11 @@ For each format's layer kernel (the schedule a MarlinLinear picks at M rows), bu
 compact text twice as `mx.fast.cuda_kernel`: once with the text inline (how MLX was handed it
 before) and once as two #include lines of files holding it (the default now). Checks that both
 produce bit-identical y on random inputs (NaN-poisoned outputs), then times each the way
-bench/launch_overhead.py does: "call" is the Python call (graph building), "batched" the wall
+bench/probes/launch_overhead.py does: "call" is the Python call (graph building), "batched" the wall
 time per launch of `--calls` launches evaluated together, at 256 x 256 where the device time is
 negligible, next to `mx.quantized_matmul` on the same shape. Run on the GPU machine.
 
-    python bench/launch_text_bench.py --out bench/results/<dir>
+    python bench/probes/launch_text_bench.py --out bench/results/<dir>
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from marlin_dsl.formats.builtin import builtin_format  # noqa: E402
 from marlin_dsl.formats.pack_weights import pack  # noqa: E402

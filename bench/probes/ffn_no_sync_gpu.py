@@ -1,6 +1,6 @@
 """Issue 15 on the GPU: the sparse FFN's training step makes no host sync (split dW2 by rank).
 
-  python3 bench/ffn_no_sync_gpu.py [--out DIR] [--no-bench] [--backends cuda,mlx]
+  python3 bench/probes/ffn_no_sync_gpu.py [--out DIR] [--no-bench] [--backends cuda,mlx]
 
 Checks, for the "cuda" (kernels) and "mlx" (MLX ops) backends and every method:
 - tripwire: the step's graph (forward + VJP, dw2="split") is built with every Python-level host

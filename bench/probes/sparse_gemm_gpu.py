@@ -2,13 +2,13 @@
 and where the time of the sparse FFN goes. Runs through MLX's CUDA backend, staged as in
 bench/README.md ("GPU correctness").
 
-  python3 bench/sparse_gemm_gpu.py check [--tiles ...]   every block size against float64 (NaN-
+  python3 bench/probes/sparse_gemm_gpu.py check [--tiles ...]   every block size against float64 (NaN-
                                                           poisoned C, odd shapes, f16 and bf16)
-  python3 bench/sparse_gemm_gpu.py time  [--tiles ...]   the GEMMs of the FFN at T x hidden x dims
+  python3 bench/probes/sparse_gemm_gpu.py time  [--tiles ...]   the GEMMs of the FFN at T x hidden x dims
                                                           per block size, against mx.matmul
-  python3 bench/sparse_gemm_gpu.py ffn                    the FFN's forward + backward, dense and
+  python3 bench/probes/sparse_gemm_gpu.py ffn                    the FFN's forward + backward, dense and
                                                           sparse, and each of the sparse one's parts
-  python3 bench/sparse_gemm_gpu.py profile [--tiles ...]  two launches a block at the forward's
+  python3 bench/probes/sparse_gemm_gpu.py profile [--tiles ...]  two launches a block at the forward's
                                                           shape, to run under ncu
 
 `--tiles` names blocks as tile_m x tile_n x warps_m x warps_n x stages [x k_tiles]

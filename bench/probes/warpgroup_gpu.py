@@ -2,13 +2,13 @@
 
 Two steps, because the GPU machine has no package index:
 
-1. Here (the whole compiler, nvcc): `python bench/warpgroup_gpu.py prepare DIR` lowers and
+1. Here (the whole compiler, nvcc): `python bench/probes/warpgroup_gpu.py prepare DIR` lowers and
    prints every kernel of the run, compiles each printed translation unit with nvcc for
    sm_90a to a cubin (wgmma exists only there) and writes DIR/<kernel>.json (the printed
    `CudaSource`: what the launcher needs) and DIR/<kernel>.cubin. The multistage kernels of
    the same formats (the mma.sync pipeline they replace at large M) go in as well.
 2. On the GPU machine (MLX with its CUDA backend, numpy):
-   `PYTHONPATH=/tmp/site:$PWD python3 bench/warpgroup_gpu.py run DIR --out $OUT`
+   `PYTHONPATH=/tmp/site:$PWD python3 bench/probes/warpgroup_gpu.py run DIR --out $OUT`
    launches each cubin with `mx.fast.precompiled_cuda_kernel` (MLX's `cuda_kernel` compiles
    for plain sm_90) and each multistage kernel with `mx.fast.cuda_kernel`.
 
@@ -38,7 +38,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -10,7 +10,7 @@ all are evaluated. Pieces: mlx-lm's 4-bit `QuantizedLinear` (one, and three as q
 bound kernel called as the layer calls it (keywords) and positionally, `mx.split`, and the
 layer's per-call closure.
 
-    python bench/call_cost_probe.py --out bench/results/<dir>
+    python bench/probes/call_cost_probe.py --out bench/results/<dir>
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from marlin_dsl.models import convert  # noqa: E402
 from marlin_dsl.nn import MarlinLinear  # noqa: E402

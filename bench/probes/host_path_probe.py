@@ -16,7 +16,7 @@ joined with `mx.concatenate`. Weights rotate over copies that exceed the L2. The
 kernel is checked against numpy first. Not shipped code: it decides whether a generated
 dequantise pipeline is worth building.
 
-    python bench/host_path_probe.py --out bench/results/<dir>
+    python bench/probes/host_path_probe.py --out bench/results/<dir>
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)

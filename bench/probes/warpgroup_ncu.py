@@ -1,8 +1,8 @@
 """Launch prepared warpgroup kernels once each (for Nsight Compute): the kernels that
-`bench/warpgroup_gpu.py prepare DIR` wrote, at one shape, with fresh random inputs.
+`bench/probes/warpgroup_gpu.py prepare DIR` wrote, at one shape, with fresh random inputs.
 
     ncu --section SpeedOfLight --section WarpStateStats ... \\
-        python3 bench/warpgroup_ncu.py DIR --kernels a,b --m 2048 --n 4096 --k 4096
+        python3 bench/probes/warpgroup_ncu.py DIR --kernels a,b --m 2048 --n 4096 --k 4096
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -31,7 +31,7 @@ def main() -> int:
     import marlin_dsl as md
     from marlin_dsl.kernel_args import physical_arrays
     from marlin_dsl.targets.cuda.source import CudaSource
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "probes"))
     from warpgroup_gpu import Precompiled
 
     rng = np.random.default_rng(1)

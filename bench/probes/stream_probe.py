@@ -5,7 +5,7 @@ For each format, (K, N), M and schedule: y is checked against the float64 refere
 (back-to-back launches, weights rotated through copies past L2). MLX's 4-bit
 `quantized_matmul` (group 64) is timed the same way on the same shapes.
 
-    PYTHONPATH=/tmp/site:$PWD python3 bench/stream_probe.py --out $OUT [--quick]
+    PYTHONPATH=/tmp/site:$PWD python3 bench/probes/stream_probe.py --out $OUT [--quick]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "1")
 

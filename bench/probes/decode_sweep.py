@@ -23,9 +23,9 @@ the tuned and the best schedule, their time, % of copy bandwidth; per shape and 
 M = 16 / M = 1 ratio); `--out` gets decode_sweep.json (every row) and the kernels.
 
     # here (no GPU): build, print and nvcc-compile every kernel, check each in the IR interpreter
-    python bench/decode_sweep.py --dry-run --out .sweep_kernels
+    python bench/probes/decode_sweep.py --dry-run --out .sweep_kernels
     # on the GPU machine (MLX CUDA, CuPy, ncu; see ../shared/GPU.md), the kernels built here:
-    PYTHONPATH=/tmp/site:$PWD python3 bench/decode_sweep.py --kernels .sweep_kernels --out $OUT
+    PYTHONPATH=/tmp/site:$PWD python3 bench/probes/decode_sweep.py --kernels .sweep_kernels --out $OUT
 
 `--kernels DIR` loads the kernels a dry run wrote (the GPU machine then needs only numpy, MLX,
 CuPy and marlin_dsl's numpy parts); without it the kernels are compiled in the run.
@@ -46,8 +46,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "bench"):
+ROOT = Path(__file__).resolve().parents[2]
+for path in (ROOT, ROOT / "bench", ROOT / "bench" / "probes"):  # bench/: ncu_profile
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
@@ -112,7 +112,7 @@ def dry_run(args) -> int:
 
 
 def sass_counts(cands: list[dict]) -> dict[str, float]:
-    """K-loop SASS instructions per step (bench/sass_count.py)."""
+    """K-loop SASS instructions per step (bench/probes/sass_count.py)."""
     from marlin_dsl import CUDA, builtin_format
     from marlin_dsl.layouts.weight_stream import stream_layout
     from sass_count import count, steps_per_loop

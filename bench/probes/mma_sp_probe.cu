@@ -1,6 +1,6 @@
 // Hardware probe for the register layout of
 //   mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{f16,bf16}.{f16,bf16}.f32
-// modelled by marlin_dsl/machine/cuda/sparse_layout.py.  Driven by bench/mma_sp_probe.py,
+// modelled by marlin_dsl/machine/cuda/sparse_layout.py.  Driven by bench/probes/mma_sp_probe.py,
 // which writes the per-lane registers and reads back the per-lane D registers; this program
 // embeds no layout knowledge of its own: it only feeds registers to the instruction.
 //

@@ -15,7 +15,7 @@ one step (one token, KV cache) into its parts, measured one after another on a q
 
 Run on the GPU machine with MLX's CUDA backend and mlx-lm (see /work/shared/GPU.md):
 
-    python bench/decode_host_probe.py --layers 8 --out bench/results/<dir>
+    python bench/probes/decode_host_probe.py --layers 8 --out bench/results/<dir>
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: model_bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import model_bench  # noqa: E402  (the model, its variants and the decode timing are shared)
 

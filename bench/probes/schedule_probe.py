@@ -4,7 +4,7 @@ Times fp4 and fp4_2of4 GEMMs at (K, N) = (4096, 14336), M in (1, 16), for a few 
 with `benchmarks.kernel_time` (back-to-back launches, weights rotated past L2), after checking
 each output against the float64 reference. Writes a table and schedule_probe.json to --out.
 
-    PYTHONPATH=/tmp/site:$PWD python3 bench/schedule_probe.py --out $OUT
+    PYTHONPATH=/tmp/site:$PWD python3 bench/probes/schedule_probe.py --out $OUT
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "1")  # one launch per graph, as marlin-dsl bench
 

@@ -2,7 +2,7 @@
 
 Generates random 2:4-sparse A (16 x 32), B (32 x 8) and C (16 x 8) of small integers (exact in
 f16, bf16 and f32), builds every lane's A/B/C registers and metadata word with the layout
-module, runs `mma.sp::ordered_metadata ... m16n8k32` on the GPU (bench/mma_sp_probe.cu, built
+module, runs `mma.sp::ordered_metadata ... m16n8k32` on the GPU (bench/probes/mma_sp_probe.cu, built
 here with nvcc) and compares the D registers, mapped back with the module's accumulator
 layout, with A @ B + C exactly.  Cases: f16 and bf16, selector 0 and 1 (the lanes the selector
 does not read carry other, valid metadata, so a wrong lane mapping cannot pass by accident),
@@ -10,8 +10,8 @@ and one metadata register shared by two tiles (pack_metadata_pair: tile 0 with s
 tile 1 with selector 1).  On a failure it reports which alternative metadata layouts, if any,
 would explain the GPU's result.
 
-    python3 bench/mma_sp_probe.py                       # nvcc from PATH or /usr/local/cuda/bin
-    python3 bench/mma_sp_probe.py --nvcc /usr/local/cuda-12.4/bin/nvcc --arch sm_90
+    python3 bench/probes/mma_sp_probe.py                       # nvcc from PATH or /usr/local/cuda/bin
+    python3 bench/probes/mma_sp_probe.py --nvcc /usr/local/cuda-12.4/bin/nvcc --arch sm_90
 
 Exit status: 0 all PASS, 1 some FAIL, 2 build/run error, 3 no nvcc found.  Needs only numpy.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 CU = HERE / "mma_sp_probe.cu"
 
 
