@@ -146,6 +146,7 @@ def test_the_epilogue_branches_by_default() -> None:
                  pipeline=Warpgroup(epilogue="sometimes")).check(fmt, CUDA)
 
 
+@pytest.mark.sweep
 @pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc (CUDA toolkit) to compile the printed text")
 @pytest.mark.parametrize("fmt_name", ["fp4", "int4", "uint4_zp", "nf4", "fp4_2of4"])
 @pytest.mark.parametrize("act", ["f16", "bf16"])

@@ -24,6 +24,7 @@ def _round_trip(kernel, source: str) -> None:
     assert print_kernel(parse_kernel(text, source=source)) == text, source
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("target", [METAL, CUDA], ids=lambda t: t.name)
 @pytest.mark.parametrize("spec_path,gemm", GEMMS, ids=[g.name for _, g in GEMMS])
 def test_compiled_ir_round_trips(spec_path: Path, gemm, target) -> None:

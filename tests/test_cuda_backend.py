@@ -81,6 +81,7 @@ def printed() -> dict[tuple[str, str, str], tuple[Kernel, CudaSource]]:
 
 # ----- nvcc -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # an nvcc/ptxas sweep: CI runs it (-m slow)
 @needs_nvcc
 def test_nvcc_compiles_every_kernel_for_sm80_and_sm90(printed, tmp_path_factory):
     sources = [src for _, src in printed.values()]

@@ -97,6 +97,7 @@ def test_tables_with_nan_are_constant_initialisers() -> None:
     assert "__uint_as_float(tbl_scales" in src.body
 
 
+@pytest.mark.slow  # an nvcc/ptxas sweep: CI runs it (-m slow)
 @needs_nvcc
 def test_nvcc_compiles_the_compact_text_mlx_builds(printed) -> None:
     """MLX's own translation unit of the compact text, for sm_80 and sm_90."""

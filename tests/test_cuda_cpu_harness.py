@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from functools import partial
 from math import lcm
 from pathlib import Path
 
@@ -30,9 +31,11 @@ from marlin_dsl.checks.kernel_check import check_kernel, check_shapes
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.ir import F16, F32, BF16, Builder, BufferParam, FragmentType, GridDim, Kernel, SharedArray, verify
 from marlin_dsl.layouts.weight_stream import stream_layout
-from marlin_dsl.targets.cuda.cpu_harness import (CudaCPUError, compile_cuda_cpu, compile_many, cuda_cpu_executor,
+from marlin_dsl.targets.cuda.cpu_harness import (CudaCPUError, compile_cuda_cpu, cuda_cpu_executor,
                                                  find_compiler, run_cuda_cpu)
 from marlin_dsl.targets.cuda.printer import print_cuda
+
+from lazy_builds import LazyBuilds
 
 pytestmark = pytest.mark.skipif(
     find_compiler() is None,
@@ -140,11 +143,26 @@ CASES = _cases()
 
 
 @pytest.fixture(scope="module")
-def built() -> dict[str, tuple[Gemm, Kernel, object]]:
-    """Every case lowered for CUDA, printed and compiled for the CPU (g++ jobs in parallel)."""
-    kernels = {name: compile_gemm(gemm, CUDA).kernel for name, (gemm, _) in CASES.items()}
-    builds = compile_many(list(kernels.values()))
-    return {name: (CASES[name][0], kernels[name], b) for name, b in zip(kernels, builds)}
+def built() -> LazyBuilds:
+    """Each case lowered for CUDA, printed and compiled for the CPU when a test first asks."""
+    def make(name: str) -> tuple[Gemm, Kernel, object]:
+        gemm = CASES[name][0]
+        kernel = compile_gemm(gemm, CUDA).kernel
+        return gemm, kernel, compile_cuda_cpu(kernel)
+
+    return LazyBuilds({name: partial(make, name) for name in CASES})
+
+
+def _case_axes(params: dict) -> tuple[str, str, str]:
+    """A case's (family, format, activation) from its name, the axes its sweep covers: the
+    first-generation pipelines (db, fd, striped), the weight stream's and multistage's
+    variants (ws_ring, ms_guarded, ...)."""
+    name = params["name"]
+    parts = name.split("_")
+    family = "_".join(parts[:2]) if parts[0] in ("ws", "ms") else next(p for p in ("db", "fd", "striped") if p in parts)
+    fmt = max((f for f in md.BUILTIN_FORMATS if f in name), key=len, default="-")
+    act = "bf16" if "bf16" in parts else "f16"
+    return family, fmt, act
 
 
 def check_printed(gemm: Gemm, kernel: Kernel, compiled, shapes, seed: int = 0) -> list:
@@ -163,6 +181,7 @@ def check_printed(gemm: Gemm, kernel: Kernel, compiled, shapes, seed: int = 0) -
     return results
 
 
+@pytest.mark.sweep(axes=_case_axes)
 @pytest.mark.parametrize("name", list(CASES))
 def test_printed_cuda_matches_the_reference(built, name: str) -> None:
     gemm, kernel, compiled = built[name]

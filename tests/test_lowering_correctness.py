@@ -98,6 +98,7 @@ def small_k(fmt: m.Format, tile_k: int, steps: int = 3) -> int:
 # ----- every format x pipeline x target, tails in M and N, small K --------------------------
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("fmt_name", FORMATS)
@@ -130,6 +131,7 @@ def test_small_shapes_straight_after_lowering(fmt_name, pipeline, target):
 # ----- one long K per format x pipeline -------------------------------------------------------
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("fmt_name", FORMATS)
 def test_k4096_group128(fmt_name, pipeline):

@@ -9,7 +9,8 @@ caught. All kernels are compiled once, in parallel, and cached by source hash.
 """
 from __future__ import annotations
 
-import os
+from functools import partial
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import marlin_dsl as md
 from marlin_dsl import METAL, DoubleBuffered, FusedDequant, Gemm, Schedule, StripedKParallel
 from marlin_dsl.targets.metal.printer import MetalSource, _float_literal, print_metal
 from marlin_dsl.errors import CompileError
-from marlin_dsl.targets.metal.cpu_harness import MetalCPUError, compile_many, find_compiler
+from marlin_dsl.targets.metal.cpu_harness import MetalCPUError, compile_metal, find_compiler
 from marlin_dsl.ir import (BF16, F16, F32, I32, U8, U16, U32, Block, BufferParam, Builder,
                            ConstTable, FragmentType, GridDim, Kernel, Op, ScalarParam, SharedArray,
                            Value, VectorType, verify)
@@ -27,6 +28,8 @@ from marlin_dsl.lowering.pipelines import lower_gemm
 from marlin_dsl.kernel_args import gemm_buffers, read_output
 from marlin_dsl.checks.error_model import compare, kernel_weights
 from marlin_dsl.checks.format_check import sample_weights
+
+from lazy_builds import LazyBuilds
 
 needs_gxx = pytest.mark.skipif(
     find_compiler() is None,
@@ -210,36 +213,50 @@ HANDWRITTEN = {
 }
 
 
-def _all_kernels() -> dict[str, tuple[Kernel | None, MetalSource]]:
-    """name -> (IR kernel or None for hand-written Metal, printed source)."""
-    kernels: dict[str, Kernel] = {}
+def _kernel_recipes() -> dict[str, Callable[[], tuple[Kernel | None, MetalSource]]]:
+    """name -> a function making (IR kernel or None for hand-written Metal, printed source)."""
+    def printed(make: Callable[[], Kernel]) -> Callable[[], tuple[Kernel, MetalSource]]:
+        def recipe() -> tuple[Kernel, MetalSource]:
+            kernel = make()
+            return kernel, print_metal(kernel)
+        return recipe
+
+    recipes: dict[str, Callable[[], tuple[Kernel | None, MetalSource]]] = {}
     for fmt in FORMATS:
         for pl in PIPELINES:
             for sched in SHAPES:
-                kernels[f"{fmt}/{pl}/{sched}"] = _gemm_kernel(fmt, pl, sched)
+                recipes[f"{fmt}/{pl}/{sched}"] = printed(partial(_gemm_kernel, fmt, pl, sched))
     for fmt, pl in (("fp4_2of4", "double_buffered"), ("fp4_blockpattern", "fused_dequant"), ("nf4", "striped")):
-        kernels[f"{fmt}/{pl}/passes"] = _gemm_kernel(fmt, pl, passes=True)
-    kernels["bf16"] = _gemm_kernel("uint4_zp", "double_buffered", activation="bf16")
-    kernels["broken_barrier_fused_dequant"] = broken_missing_barrier("fused_dequant")
-    kernels["broken_barrier_double_buffered"] = broken_missing_barrier("double_buffered")
-    kernels["broken_scatter"] = broken_scatter()
-    kernels["ops_mix"] = ops_mix_kernel()
-    out: dict[str, tuple[Kernel | None, MetalSource]] = {n: (k, print_metal(k)) for n, k in kernels.items()}
-    fenced = _gemm_kernel("int4_2of4", "striped", name="g_fence")
-    out["fence"] = (fenced, print_metal(fenced, fence="atomic_thread_fence"))
+        recipes[f"{fmt}/{pl}/passes"] = printed(partial(_gemm_kernel, fmt, pl, passes=True))
+    recipes["bf16"] = printed(partial(_gemm_kernel, "uint4_zp", "double_buffered", activation="bf16"))
+    recipes["broken_barrier_fused_dequant"] = printed(partial(broken_missing_barrier, "fused_dequant"))
+    recipes["broken_barrier_double_buffered"] = printed(partial(broken_missing_barrier, "double_buffered"))
+    recipes["broken_scatter"] = printed(broken_scatter)
+    recipes["ops_mix"] = printed(ops_mix_kernel)
+
+    def fenced() -> tuple[Kernel, MetalSource]:
+        kernel = _gemm_kernel("int4_2of4", "striped", name="g_fence")
+        return kernel, print_metal(kernel, fence="atomic_thread_fence")
+
+    recipes["fence"] = fenced
     for name, body in HANDWRITTEN.items():
-        out[name] = (None, handwritten(name, body))
-    return out
+        recipes[name] = partial(lambda n, b: (None, handwritten(n, b)), name, body)
+    return recipes
 
 
 @pytest.fixture(scope="module")
-def built():
-    """name -> (kernel or None, CompiledMetal): everything compiled once, in parallel."""
+def built() -> LazyBuilds:
+    """name -> (kernel or None, CompiledMetal), each made and compiled on first use."""
     if find_compiler() is None:
         pytest.skip("g++ is not installed: the Metal CPU harness compiles the emitted Metal as C++20 with it")
-    kernels = _all_kernels()
-    compiled = compile_many([src for _, src in kernels.values()], jobs=os.cpu_count())
-    return {name: (k, c) for (name, (k, _)), c in zip(kernels.items(), compiled)}
+
+    def compiled(recipe: Callable[[], tuple[Kernel | None, MetalSource]]) -> Callable[[], tuple]:
+        def make() -> tuple:
+            kernel, source = recipe()
+            return kernel, compile_metal(source)
+        return make
+
+    return LazyBuilds({name: compiled(recipe) for name, recipe in _kernel_recipes().items()})
 
 
 def _problem(kernel: Kernel, M: int, K: int, N: int, seed: int):
@@ -270,6 +287,7 @@ def _rel_err(y: np.ndarray, ref: np.ndarray) -> float:
 # ----- GEMMs against the reference ----------------------------------------------------------
 
 @needs_gxx
+@pytest.mark.sweep
 @pytest.mark.parametrize("schedule", list(SHAPES))
 @pytest.mark.parametrize("pipeline", list(PIPELINES))
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -286,6 +304,7 @@ def test_gemm_matches_reference(built, fmt, pipeline, schedule):
 
 
 @needs_gxx
+@pytest.mark.sweep
 @pytest.mark.parametrize("pipeline", list(PIPELINES))
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gemm_bit_identical_to_interpreter(built, fmt, pipeline):

@@ -9,7 +9,7 @@ copies runs the same part (2:4 metadata included) in the interpreter."""
 from __future__ import annotations
 
 import dataclasses
-import os
+from functools import partial
 
 import numpy as np
 import pytest
@@ -25,11 +25,13 @@ from marlin_dsl.ir import Block, Kernel, verify
 from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.kernel_args import gemm_buffers, read_output
 from marlin_dsl.layouts.weight_stream import stream_layout
-from marlin_dsl.targets.metal.cpu_harness import MetalCPUError, compile_many, find_compiler
+from marlin_dsl.targets.metal.cpu_harness import MetalCPUError, compile_metal, find_compiler
 from marlin_dsl.machine.metal import STREAM_LAYOUT
 from marlin_dsl.targets.metal.printer import print_metal
 from marlin_dsl.targets.metal.runtime import RUNTIME
 from marlin_dsl.targets.metal.tuning import MULTISTAGE_MIN_M
+
+from lazy_builds import LazyBuilds
 from kernel_asserts import assert_matches
 from test_metal_stream import EXAMPLE_FORMATS, STREAMED
 
@@ -95,24 +97,30 @@ def _drop_barrier(kernel: Kernel, last: bool) -> None:
 def built():
     if find_compiler() is None:
         pytest.skip("g++ is not installed")
-    kernels = {}
-    for name, act, which in CASES:
+    def case(name: str, act: str, which: str):
         fmt = EXAMPLE_FORMATS[name]
-        gemm = Gemm(f"mms_{name}_{act}_{which}", fmt, _schedule(fmt, which), act)
-        kernels[name, act, which] = compile_gemm(gemm, METAL).kernel
-    fmt = EXAMPLE_FORMATS["fp4_g128"]
-    for last in (False, True):  # the mutations: one barrier removed
+        return compile_gemm(Gemm(f"mms_{name}_{act}_{which}", fmt, _schedule(fmt, which), act), METAL).kernel
+
+    def broken(last: bool):  # the mutations: one barrier removed
+        fmt = EXAMPLE_FORMATS["fp4_g128"]
         kernel = compile_gemm(Gemm(f"mms_broken_{int(last)}", fmt, _schedule(fmt, "tuned")), METAL).kernel
         _drop_barrier(kernel, last)
         verify(kernel)  # still valid IR: the bug is a race
-        kernels["broken", last] = kernel
-    compiled = compile_many([print_metal(k) for k in kernels.values()], jobs=os.cpu_count())
-    return {key: (kernel, c) for (key, kernel), c in zip(kernels.items(), compiled)}
+        return kernel
+
+    def built_one(make) -> tuple:
+        kernel = make()
+        return kernel, compile_metal(print_metal(kernel))
+
+    recipes = {c: partial(built_one, partial(case, *c)) for c in CASES}
+    recipes.update({("broken", last): partial(built_one, partial(broken, last)) for last in (False, True)})
+    return LazyBuilds(recipes)  # each case lowered and compiled when a test first asks for it
 
 
 # ----- kernels on the CPU harness and in the interpreter ----------------------------------------
 
 @needs_gxx
+@pytest.mark.sweep
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
 def test_multistage_on_harness_matches_reference_and_interpreter(built, case) -> None:
     name, act, which = case

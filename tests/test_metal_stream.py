@@ -8,8 +8,8 @@ example format the stream takes; the formats it does not take are refused with a
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
+from functools import partial
 
 import numpy as np
 import pytest
@@ -23,10 +23,12 @@ from marlin_dsl.ir import GridDim
 from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.kernel_args import gemm_buffers, read_output
 from marlin_dsl.layouts.weight_stream import VECTOR_WORDS, stream_layout
-from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler
+from marlin_dsl.targets.metal.cpu_harness import compile_many, compile_metal, find_compiler
 from marlin_dsl.machine.metal import STREAM_LAYOUT, simdgroup_lane_elements
 from marlin_dsl.targets.metal.printer import MetalSource, print_metal
 from marlin_dsl.targets.metal.runtime import RUNTIME
+
+from lazy_builds import LazyBuilds
 
 needs_gxx = pytest.mark.skipif(
     find_compiler() is None,
@@ -153,16 +155,16 @@ def _shapes(fmt: md.Format, m_tuned: int) -> list[tuple[int, int, int]]:
 def built():
     if find_compiler() is None:
         pytest.skip("g++ is not installed")
-    kernels = {}
-    for name, act, m in _cases():
+    def make(name: str, act: str, m: int) -> tuple:
         fmt = _format(name)
-        gemm = Gemm(f"ms_{name}_{act}_{m}", fmt, RUNTIME.tuned_schedule(fmt, m), act)
-        kernels[name, act, m] = compile_gemm(gemm, METAL).kernel
-    compiled = compile_many([print_metal(k) for k in kernels.values()], jobs=os.cpu_count())
-    return {key: (kernel, c) for (key, kernel), c in zip(kernels.items(), compiled)}
+        kernel = compile_gemm(Gemm(f"ms_{name}_{act}_{m}", fmt, RUNTIME.tuned_schedule(fmt, m), act), METAL).kernel
+        return kernel, compile_metal(print_metal(kernel))
+
+    return LazyBuilds({case: partial(make, *case) for case in _cases()})  # each built on first use
 
 
 @needs_gxx
+@pytest.mark.sweep
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[0]}-{c[1]}-m{c[2]}")
 def test_stream_kernel_on_harness_matches_reference(built, case) -> None:
     name, act, m_tuned = case

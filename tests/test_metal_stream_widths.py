@@ -17,8 +17,8 @@ widths (5- and 6-bit integer, 6-bit float codes) the same way.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
+from functools import partial
 
 import numpy as np
 import pytest
@@ -33,11 +33,13 @@ from marlin_dsl.formats.bitstream import unpack_bits
 from marlin_dsl.ir.interpret import run_kernel
 from marlin_dsl.kernel_args import gemm_buffers, read_output
 from marlin_dsl.layouts.weight_stream import VECTOR_WORDS, StreamLayout, stream_arrays, stream_layout
-from marlin_dsl.targets.metal.cpu_harness import compile_many, find_compiler
+from marlin_dsl.targets.metal.cpu_harness import compile_metal, find_compiler
 from marlin_dsl.machine.metal import STREAM_LAYOUT
 from marlin_dsl.targets.metal.printer import print_metal
 from marlin_dsl.targets.metal.runtime import RUNTIME, stream_schedule
 from marlin_dsl.targets.metal.tuning import multistage_schedule
+
+from lazy_builds import LazyBuilds
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -164,13 +166,13 @@ def _shapes(fmt: md.Format, m_tuned: int) -> list[tuple[int, int, int]]:
 def built():
     if find_compiler() is None:
         pytest.skip("g++ is not installed")
-    kernels = {}
-    for name, act, m in CASES:
+    def make(name: str, act: str, m: int) -> tuple:
         fmt = FORMATS[name]
         gemm = Gemm(f"mw_{name}_{act}_{m}", fmt, RUNTIME.tuned_schedule(fmt, m), act)
-        kernels[name, act, m] = (gemm, compile_gemm(gemm, METAL).kernel)
-    compiled = compile_many([print_metal(k) for _, k in kernels.values()], jobs=os.cpu_count())
-    return {key: (*gk, c) for (key, gk), c in zip(kernels.items(), compiled)}
+        kernel = compile_gemm(gemm, METAL).kernel
+        return gemm, kernel, compile_metal(print_metal(kernel))
+
+    return LazyBuilds({case: partial(make, *case) for case in CASES})  # each built on first use
 
 
 def _run_and_check(gemm: Gemm, kernel, compiled, packed: md.PackedWeights, x: np.ndarray, seed: int,
@@ -191,6 +193,7 @@ def _run_and_check(gemm: Gemm, kernel, compiled, packed: md.PackedWeights, x: np
 
 
 @needs_gxx
+@pytest.mark.sweep
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-m{c[2]}")
 def test_stream_kernel_on_harness_matches_reference(built, case) -> None:
     name, act, m_tuned = case

@@ -696,6 +696,7 @@ def test_new_ops_print_as_cp_async() -> None:
 
 # ----- nvcc -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # an nvcc/ptxas sweep: CI runs it (-m slow)
 def test_multistage_kernels_compile_with_nvcc() -> None:
     if find_nvcc() is None:
         pytest.skip("nvcc not found: the CUDA compile check needs the CUDA toolkit")

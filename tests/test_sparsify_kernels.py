@@ -80,6 +80,7 @@ def _rng(*key) -> np.random.Generator:
 
 # ----- 1. interpreter, both targets, bit exact -----------------------------------------------
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("relu2,stats,dense", [(False, False, False), (True, True, False), (True, True, True),
                                                (False, False, True)],
                          ids=["plain", "relu2_stats", "relu2_stats_dense", "dense"])
@@ -339,6 +340,7 @@ def test_idle_meta_is_a_valid_padding_word() -> None:
 
 # ----- 6. nvcc ----------------------------------------------------------------------------
 
+@pytest.mark.slow  # an nvcc/ptxas sweep: CI runs it (-m slow)
 @needs_nvcc
 def test_nvcc_compiles_sparsify_and_sparse_gemm(tmp_path) -> None:
     """The printed CUDA of sparsify kernels (with and without colz as an inout input) and of

@@ -143,6 +143,7 @@ def test_no_lowering_or_printer_code_names_the_scheme() -> None:
             assert "channel_scales" not in text and "TwoLevel" not in text, path
 
 
+@pytest.mark.slow  # an nvcc/ptxas sweep: CI runs it (-m slow)
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
 def test_nvcc_compiles_the_two_level_kernels(tmp_path: Path) -> None:
     sources = [print_cuda(compile_gemm(g, t).kernel) for g, t in GEMMS if t is CUDA]

@@ -46,6 +46,7 @@ def compiled(fmt_name: str = "fp4", act: str = "f16", **kw) -> tuple[Gemm, Kerne
 
 # ----- kernels in the interpreter ---------------------------------------------------------------
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("fmt_name", FORMATS + SPARSE_FORMATS)
 @pytest.mark.parametrize("act", ["f16", "bf16"])
 @pytest.mark.parametrize("a_source", ["shared", "registers"])

@@ -43,6 +43,7 @@ def compiled(fmt_name: str = "fp4", act: str = "f16", **kw) -> tuple[Gemm, Kerne
 
 # ----- kernels in the interpreter (the roles run apart, the mbarriers order memory) ---------------
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("fmt_name", FORMATS)
 @pytest.mark.parametrize("act", ["f16", "bf16"])
 @pytest.mark.parametrize("copies", ["producers", "consumers"])
@@ -257,6 +258,7 @@ def _ptxas_report(kernel: Kernel, tmp_path) -> str:
     return res.stderr
 
 
+@pytest.mark.sweep
 @pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc (CUDA toolkit) to compile the printed text")
 @pytest.mark.parametrize("tile_m, producers, stages, a_stages, copies", [
     (256, 1, 5, 3, "producers"), (256, 1, 4, 4, "consumers"), (192, 2, 6, 4, "consumers"), (128, 2, 6, 4, "producers")])

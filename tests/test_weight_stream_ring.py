@@ -100,6 +100,7 @@ def test_ring_errors_name_the_schedule() -> None:
         compile_gemm(Gemm("ring_metal", fmt, ring_schedule(fmt, 3, target=METAL), "f16"), METAL)
 
 
+@pytest.mark.slow  # an nvcc/ptxas sweep: CI runs it (-m slow)
 def test_ring_kernels_compile_with_nvcc() -> None:
     from marlin_dsl.targets.cuda.nvcc import find_nvcc, nvcc_check
     from marlin_dsl.targets.cuda.printer import print_cuda
