@@ -252,7 +252,7 @@ def test_activation_sparse_gemm_round() -> None:
 
 
 #: README.md's "How fast" table and bench/README.md's current table: the whole-model run
-HOW_FAST = "model_h200_2026-11-28/model_bench.json"
+HOW_FAST = "model_h200_2026-11-28b/model_bench.json"
 #: the table's columns, as result variants
 HOW_FAST_COLUMNS = {"fp16": "fp16", "mlx-lm 4-bit (g64)": "mlx_4bit_g64", "marlin-dsl fp4 (g128)": "fp4"}
 #: the table's rows: label -> (result key, a cell as printed)
@@ -321,7 +321,8 @@ def test_how_fast_table_is_the_model_run(name: str) -> None:
 
 def test_current_model_run_spread_and_graph_build() -> None:
     """bench/README's notes under the current table: the spread of single rounds and the graph
-    build time per decode token, from the same result file."""
+    build time per decode token, from the same result file; the day's other two runs; the
+    README's batched-decode ratios."""
     rows = {r["variant"]: r for r in _load(HOW_FAST)["rows"]}
     flat = " ".join(_section(BENCH_README, "## The current numbers: a whole model").split())
 
@@ -333,5 +334,33 @@ def test_current_model_run_spread_and_graph_build() -> None:
             f"fp4 {spread('fp4', 'prefill_512_ms_all', 1)} ms") in flat
     assert (f"at 32 streams: fp16 {spread('fp16', 'batch_32_all', 0)} tokens/s, "
             f"fp4 {spread('fp4', 'batch_32_all', 0)} tokens/s") in flat
+    decode = [t for r in rows.values() for t in r["decode_ms_all"]]
+    assert f"decode at 1 stream: {min(decode):.2f}-{max(decode):.2f} ms per token over all three" in flat
     assert (f"build {rows['fp4']['graph_build_ms_per_token']:.2f} ms per token for fp4 against "
             f"{rows['mlx_4bit_g64']['graph_build_ms_per_token']:.2f} for mlx-lm 4-bit") in flat
+    for run, words in (("model_h200_2026-11-28/model_bench.json", "had fp4 decoding one stream at"),
+                       ("model_h200_2026-11-28b/model_bench_3rounds.json", "rounds")):
+        other = {r["variant"]: r["decode_tokens_per_s"] for r in _load(run)["rows"]}
+        assert (f"{words} {other['fp4']:.0f} tokens/s against {other['mlx_4bit_g64']:.0f} for mlx-lm 4-bit and "
+                f"{other['fp16']:.0f} for fp16" in flat) or (
+                f"{words} (`results/{run}`) {other['fp4']:.0f} against {other['mlx_4bit_g64']:.0f} and "
+                f"{other['fp16']:.0f}" in flat), run
+    vs_fp16 = [rows["fp4"][k] / rows["fp16"][k] for k in ("batch_16_tokens_per_s", "batch_32_tokens_per_s")]
+    vs_mlx4 = [rows["fp4"][k] / rows["mlx_4bit_g64"][k] for k in ("batch_16_tokens_per_s", "batch_32_tokens_per_s")]
+    assert (f"{min(vs_fp16):.2f}-{max(vs_fp16):.2f}x fp16 and {min(vs_mlx4):.1f}-{max(vs_mlx4):.1f}x mlx-lm's 4-bit"
+            in " ".join(README.split()))
+
+
+def test_user_path_on_the_gpu() -> None:
+    """bench/README: the README's quick start on the H200 (bench/user_path_gpu.py) and the GPU
+    tests, from their result files."""
+    doc = _load("user_path_h200_2026-11-28/user_path_gpu.json")
+    assert doc["passed"] and doc["device"]["device_name"] == "NVIDIA H200"
+    variants = doc["variants"].values()
+    assert all(v["commands_ok"] and v["same_text"] for v in variants)
+    flat = " ".join(BENCH_README.split())
+    assert (f"within {max(v['prefill_64'] for v in variants):.1e} (prefill) and "
+            f"{max(v['decode_max'] for v in variants):.1e} (decode)") in flat
+    log = (RESULTS / "user_path_h200_2026-11-28" / "gpu_tests.log").read_text()
+    passed = int(log.split(" passed")[0].split()[-1])
+    assert "failed" not in log and f"pass, {passed} of {passed}" in flat
