@@ -15,11 +15,14 @@ from hypothesis import strategies as st
 
 import marlin_dsl as md
 from marlin_dsl.errors import MarlinDSLError, ShapeError, ValueRangeError
+from marlin_dsl.formats.scaling import GroupAffine
 from marlin_dsl.layers.validate import validate_mx
 from marlin_dsl.layers.mlx_ops import packed_to_mx
 from marlin_dsl.nn import MarlinLinear
 from marlin_dsl.spec import load_spec
 from marlin_dsl.checks.format_check import sample_weights, verify_format
+
+from format_catalogue import catalogue, encode
 
 _FILES = itertools.count()
 
@@ -100,18 +103,31 @@ def test_spec_files_load_with_a_located_error_or_verify(tmp_path_factory, lines)
 
 # ----- packed arrays -------------------------------------------------------------------------------
 
-FORMATS = [md.builtin_format(n) for n in ("fp4", "uint4_zp", "nf4", "fp4_2of4", "fp4_blockpattern")]
-_SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -1.0, 1e30, 65504.0, 6e-8]
+#: Every format a checkpoint can be in (tests/format_catalogue.py): the built-in ones, the
+#: examples', MLX's modes (affine 2-8 bits x groups x f16/bf16/f32, mxfp4, nvfp4, mxfp8) and
+#: declared ones completing the parameter storage types x sign rules.
+CATALOGUE = catalogue()
+#: By kind (builtin, example, mlx, declared), drawn kind first: MLX's 57 modes do not crowd out
+#: the others.
+FORMATS: dict[str, list[str]] = {}
+for _name in sorted(CATALOGUE):
+    FORMATS.setdefault(_name.split("-")[0], []).append(_name)
+#: Values written into a parameter array, in its storage type (`encode`; one it cannot hold is
+#: a random code instead): the corruptions of tests/test_validators_agree.py and some large and
+#: small finite ones.
+_SPECIALS = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, -1.5, 1e30, 65504.0, 6e-8, 1e-40]
 
 
 @st.composite
 def corruptions(draw):
-    fmt = draw(st.sampled_from(FORMATS))
+    fmt = CATALOGUE[draw(st.sampled_from(FORMATS[draw(st.sampled_from(sorted(FORMATS)))]))]
     seed = draw(st.integers(0, 2**16))
     k, n = 256, draw(st.sampled_from([16, 40]))
     packed = md.pack(fmt, sample_weights(fmt, k, n, np.random.default_rng(seed)))
     arrays = {name: a.copy() for name, a in packed.arrays.items()}
-    name = draw(st.sampled_from(sorted(arrays)))
+    storage = fmt.parameters()
+    # Parameter arrays (scales, biases, zero points, sub-scales) as often as all others.
+    name = draw(st.sampled_from(sorted(storage)) if draw(st.booleans()) else st.sampled_from(sorted(arrays)))
     a = arrays[name]
     how = draw(st.sampled_from(["value", "bits", "shape", "dtype"]))
     if how == "shape":
@@ -120,11 +136,11 @@ def corruptions(draw):
         arrays[name] = a.astype(np.float32 if a.dtype.kind in "ui" else np.int32)
     else:
         index = tuple(draw(st.integers(0, d - 1)) for d in a.shape)
-        if how == "bits" or a.dtype.kind in "ui":
+        element = encode(storage[name], draw(st.sampled_from(_SPECIALS))) if name in storage else None
+        if how == "value" and element is not None:
+            a[index] = element
+        elif how == "bits" or a.dtype.kind in "ui":
             a.view(np.uint8).reshape(-1)[draw(st.integers(0, a.nbytes - 1))] = draw(st.integers(0, 255))
-        else:
-            with np.errstate(over="ignore"):
-                a[index] = draw(st.sampled_from(_SPECIALS))
     return md.PackedWeights(fmt, (k, n), arrays)
 
 
@@ -163,5 +179,34 @@ def test_packed_arrays_are_refused_by_name_or_match_the_reference(packed) -> Non
     layer = MarlinLinear.from_packed(packed, backend="mlx")
     x = np.random.default_rng(1).standard_normal((3, packed.shape[0])).astype(np.float32)
     y = np.array(layer(mx.array(x)), dtype=np.float64)
-    ref = x.astype(np.float64) @ w
-    assert np.linalg.norm(y - ref) <= 1e-4 * max(np.linalg.norm(ref), 1e-30)
+    x64 = x.astype(np.float64)
+    ref = x64 @ w
+    slack = _mlx_affine_rounding(packed, w)
+    if slack is None or (np.abs(x64) @ np.abs(w)).max() > np.finfo(np.float32).max / 4:
+        return  # weights beyond what the layer's float type holds (fuzzed bits: 3e38 scales)
+    tolerance = 1e-4 * max(np.linalg.norm(ref), 1e-30) + np.linalg.norm(np.abs(x64) @ slack)
+    assert np.linalg.norm(y - ref) <= tolerance, (np.linalg.norm(y - ref), tolerance)
+
+
+#: unit roundoff, smallest subnormal and largest value of the types MLX's affine arithmetic uses
+_ROUNDING = {"f16": (2.0**-11, 2.0**-24, 65504.0), "bf16": (2.0**-8, 2.0**-133, 3.389e38),
+             "f32": (2.0**-24, 2.0**-149, 3.402e38)}
+
+
+def _mlx_affine_rounding(packed: md.PackedWeights, w: np.ndarray) -> np.ndarray | None:
+    """How far the layer's weights may be from the float64 reference `w`, per element: 0,
+    except for formats whose biases share their scales' type T (MLX's affine mode), where the
+    layer follows MLX's own arithmetic (layers/mlx_ops.py): t * s rounded to T, then + b
+    rounded to T, |error| <= u * (2 |t s| + |b|) (u: T's unit roundoff; t is exact in T),
+    plus T's smallest subnormal per rounding. None where t * s or t * s + b pass T's largest
+    value: MLX's arithmetic overflows there, as MLX's own layer would."""
+    scaling = packed.format.scaling
+    if not isinstance(scaling, GroupAffine) or scaling.bias is None or scaling.bias.dtype != scaling.scale.dtype:
+        return np.zeros_like(w)
+    u, tiny, top = _ROUNDING[scaling.bias.dtype]
+    g = packed.format.group_size_for(packed.shape[0])
+    b = np.repeat(scaling.bias.storage.to_float64(packed["biases"]), g, axis=0)
+    ts = w - b
+    if max(np.abs(ts).max(), np.abs(w).max()) * (1 + 4 * u) >= top:
+        return None
+    return u * (2 * np.abs(ts) + np.abs(b)) * (1 + 4 * u) + 2 * tiny

@@ -99,6 +99,34 @@ def test_bad_arrays_name_the_array_and_index() -> None:
         m.validate(m.PackedWeights(e8, (64, 9), arrays))
 
 
+@pytest.mark.parametrize("channel", ["f16", "bf16"])
+def test_mlx_ops_form_the_two_level_product_in_f32(channel: str) -> None:
+    """`dequantize_mx` (MarlinLinear's "mlx" backend) multiplies a u8 sub-scale by an f16 or
+    bf16 column scale in f32, as the reference and the kernels do: MLX promotes uint8 x
+    float16 to float16, which rounded the product to 11 bits and overflowed it past 65504
+    (found by tests/test_fuzz.py drawing tests/format_catalogue.py's formats). Every step is
+    exact in f32 (8 + 11 + 4 significant bits), so the result is the reference, bit for bit."""
+    import mlx.core as mx
+
+    from marlin_dsl.layers.mlx_ops import dequantize_mx, packed_to_mx
+    from marlin_dsl.nn import MarlinLinear
+
+    fmt = m.Format(f"t2l_u8_{channel}", INT4, m.TwoLevelScale(32, "u8", channel_dtype=channel))
+    packed = m.pack(fmt, np.random.default_rng(4).standard_normal((64, 9)))
+    arrays = {k: v.copy() for k, v in packed.arrays.items()}
+    storage = STORAGE_TYPES[channel]
+    arrays["channel_scales"][0, 4:6] = storage.round_nearest(np.array([1000.0, 1.1]))
+    arrays["scales"][:, 4:6] = [[255, 201], [254, 255]]  # 255000 > 65504; 201 * 1.1 not in f16
+    weights = m.PackedWeights(fmt, packed.shape, arrays)
+    m.validate(weights)
+    got = np.array(dequantize_mx(fmt, weights.shape, packed_to_mx(arrays, fmt)))
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    np.testing.assert_array_equal(got, m.dequantize(weights).astype(np.float32))
+    layer = MarlinLinear.from_packed(weights, backend="mlx")
+    rows = np.eye(64, dtype=np.float32)[[0, 33, 63]]  # x = unit rows: y is those rows of w
+    np.testing.assert_array_equal(np.array(layer(mx.array(rows))), got[[0, 33, 63]])
+
+
 def test_declaration_errors() -> None:
     with pytest.raises(FormatError, match="owns its parameters"):
         m.Format("bad", INT4, m.TwoLevelScale(32), m.ZeroPoint("u8"))

@@ -25,6 +25,25 @@ def tiny_llama(seed: int = 0, dtype: mx.Dtype = mx.float32) -> nn.Module:
     return model
 
 
+#: A tiny mlx-lm Qwen2: q/k/v projections with biases (q 256, k and v 128 output features),
+#: o_proj, the MLP and the lm_head without.
+QWEN2_CONFIG = {"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 512,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 384,
+                "rope_theta": 1000000.0, "tie_word_embeddings": False, "max_position_embeddings": 512}
+
+
+def tiny_qwen2(seed: int = 0, dtype: mx.Dtype = mx.float32) -> nn.Module:
+    """mlx-lm's Qwen2 from QWEN2_CONFIG, random weights; the biases random too (nn.Linear
+    draws them like the weights), so that a bias lost or misplaced changes the logits."""
+    from mlx_lm.models import qwen2
+
+    mx.random.seed(seed)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(QWEN2_CONFIG))
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
 def write_tokenizer(directory: Path) -> None:
     """A word-level tokenizer over WORDS (tokenizer.json, tokenizer_config.json), as
     transformers writes one."""

@@ -194,9 +194,13 @@ def dequantize_mx(fmt: Format, shape: tuple[int, int], arrays: Mapping[str, mx.a
 
 def parameter_mx(storage: StorageType, stored: mx.array) -> mx.array:
     """A per-group parameter array as MLX floats: plain float types as they are, 8-bit codes
-    (E8M0, E4M3) through their float32 value table (NaN where a code is invalid)."""
+    (E8M0, E4M3) through their float32 value table (NaN where a code is invalid), integers
+    (u8 zero points and two-level sub-scales) as float32. Not as they are: MLX promotes
+    uint8 times float16 (or bfloat16) to the 16-bit type, so a u8 sub-scale times an f16
+    column scale would be rounded to f16 (and overflow past 65504) where the reference and
+    the kernels form the product exactly, in f32 (8 + 11 significant bits fit its 24)."""
     if storage.table is None:
-        return stored
+        return stored.astype(mx.float32) if storage.mlx_dtype.startswith(("uint", "int")) else stored
     return mx.take(mx.array(storage.table.astype(np.float32)), stored.astype(mx.uint32))
 
 
