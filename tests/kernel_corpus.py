@@ -18,10 +18,18 @@ DIGESTS = Path(__file__).parent / "data" / "kernel_digests.json"
 
 def corpus() -> Iterator[tuple[str, str]]:
     """(name, text) for every kernel of the corpus; text = IR text + printed source."""
+    from marlin_dsl.ir.text import print_kernel
+
+    for name, target, kernel in kernels():
+        yield name, print_kernel(kernel) + emit_source(target, kernel)
+
+
+def kernels() -> Iterator[tuple[str, object, object]]:
+    """(name, target, kernel) for every kernel of the corpus: the kernel after the passes,
+    as it is printed (tests/test_harness_coverage.py reads its ops)."""
     from marlin_dsl.formats.activation_spec import SparsifySpec
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.formats.builtin import BUILTIN_FORMATS, builtin_format
-    from marlin_dsl.ir.text import print_kernel
     from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
     from marlin_dsl.lowering.sparsify import lower_sparsify
     from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager
@@ -43,15 +51,14 @@ def corpus() -> Iterator[tuple[str, str]]:
                                   pipeline=StripedKParallel(parallel=2, groups=8))]
                 for tname in ("metal", "cuda"):
                     for s in seeds:
-                        yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS[tname],
-                                         Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
+                        yield _gemm_kernel(compile_gemm, TARGETS[tname], Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
                 if fname == "fp4_blockpattern":
                     continue
                 for m, k, n in ((1, 4096, 4096), (16, 4096, 14336), (16, 14336, 4096), (32, 4096, 4096),
                                 (64, 4096, 14336), (256, 4096, 4096), (2048, 4096, 4096)):
                     s = tuned_schedule(fmt, m, TARGETS["cuda"], k, n)
-                    yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
-                                     Gemm(f"{fname}_{s.name}_m{m}_k{k}_n{n}_{act}", fmt, s, act))
+                    yield _gemm_kernel(compile_gemm, TARGETS["cuda"],
+                                       Gemm(f"{fname}_{s.name}_m{m}_k{k}_n{n}_{act}", fmt, s, act))
                 # the warpgroup pipeline (Hopper): both A sources where the format takes it
                 for a_source in ("shared", "registers"):
                     try:
@@ -59,14 +66,12 @@ def corpus() -> Iterator[tuple[str, str]]:
                     except ScheduleError:  # block patterns: no warpgroup kernel
                         break
                     s = replace(s, name=f"{s.name}_{a_source}", pipeline=replace(s.pipeline, a_source=a_source))
-                    yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
-                                     Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
+                    yield _gemm_kernel(compile_gemm, TARGETS["cuda"], Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
                 try:  # with warp roles (dense formats)
                     s = warpgroup_roles_schedule(fmt, 2048, TARGETS["cuda"])
                 except ScheduleError:
                     continue
-                yield _gemm_text(compile_gemm, print_kernel, emit_source, TARGETS["cuda"],
-                                 Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
+                yield _gemm_kernel(compile_gemm, TARGETS["cuda"], Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
         for tname in ("cuda", "metal"):
             for method in ("top2", "mvue", "soft_threshold"):
                 for axis in (0, 1):
@@ -74,16 +79,15 @@ def corpus() -> Iterator[tuple[str, str]]:
                         spec = SparsifySpec(method, axis, "f16", relu2, stats)
                         kernel = lower_sparsify(spec, tname)
                         PassManager(list(DEFAULT_PIPELINE)).run(kernel)
-                        yield (f"sparsify_{tname}_{method}_{axis}_{relu2}_{stats}",
-                               print_kernel(kernel) + emit_source(TARGETS[tname], kernel))
+                        yield f"sparsify_{tname}_{method}_{axis}_{relu2}_{stats}", TARGETS[tname], kernel
         for dtype in ("f16", "bf16"):
             kernel = lower_sparse_gemm(dtype, "cuda")
             PassManager(list(DEFAULT_PIPELINE)).run(kernel)
-            yield f"sparse_gemm_cuda_{dtype}", print_kernel(kernel) + emit_source(TARGETS["cuda"], kernel)
+            yield f"sparse_gemm_cuda_{dtype}", TARGETS["cuda"], kernel
         for dtype in ("f16", "bf16"):  # Metal: the software scatter into the dense MMA (issue 16)
             kernel = lower_sparse_gemm(dtype, "metal")
             PassManager(list(DEFAULT_PIPELINE)).run(kernel)
-            yield f"sparse_gemm_metal_{dtype}", print_kernel(kernel) + emit_source(TARGETS["metal"], kernel)
+            yield f"sparse_gemm_metal_{dtype}", TARGETS["metal"], kernel
 
 
 def emit_source(target, kernel) -> str:
@@ -93,9 +97,8 @@ def emit_source(target, kernel) -> str:
     return emit(kernel, target).full_source()
 
 
-def _gemm_text(compile_gemm, print_kernel, emit_source, target, gemm) -> tuple[str, str]:
-    compiled = compile_gemm(gemm, target)
-    return f"{gemm.name}@{target.name}", print_kernel(compiled.kernel) + emit_source(target, compiled.kernel)
+def _gemm_kernel(compile_gemm, target, gemm) -> tuple[str, object, object]:
+    return f"{gemm.name}@{target.name}", target, compile_gemm(gemm, target).kernel
 
 
 def digests() -> dict[str, str]:

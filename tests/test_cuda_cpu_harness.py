@@ -6,7 +6,10 @@ and warp semantics; the outputs are checked against the float64 reference of the
   fused-dequant, striped) for the 7 built-in formats, the weight-stream and multistage
   pipelines for the 6 stream formats, f16 and bf16; M = 1, 3, 65 with N tails, K tails, the
   unrolled stream loop, the stream's shared ring (`WeightStream(stages)`), 2..4 stages, guarded copies and the tuned schedules (the activation
-  sparsify kernels and the sparse GEMM: test_cuda_cpu_activation.py).
+  sparsify kernels and the sparse GEMM: test_cuda_cpu_activation.py; the formats MLX's layers
+  load, affine with f16/bf16/f32 scales and biases, mxfp4, nvfp4, mxfp8, in every pipeline:
+  test_cuda_cpu_mlx_formats.py; what all of them execute against what the printer prints:
+  test_harness_coverage.py).
 - Mutations the interpreter cannot see fail here: `__hsub2` printed as `__hadd2`, the mma.sp
   metadata slots or thread pairs swapped in the Target table (which the packer and the
   interpreter share), a barrier or a cp.async wait removed (multistage, the stream's ring).

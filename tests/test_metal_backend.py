@@ -5,7 +5,8 @@ codegen/metal_shim.h and executed by `marlin_dsl.targets.metal.cpu_harness` (thr
 concurrently, real barriers, collective simdgroup matrices, poisoned threadgroup memory,
 poisoned outputs between guard regions), then compared with the float64 reference. Two
 deliberately broken kernels (a missing barrier, an off-by-one in the 2:4 scatter) must be
-caught. All kernels are compiled once, in parallel, and cached by source hash.
+caught. All kernels are compiled once, in parallel, and cached by source hash. The formats
+MLX's layers load run on every Metal pipeline in test_metal_mlx_formats.py.
 """
 from __future__ import annotations
 

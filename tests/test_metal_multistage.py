@@ -93,13 +93,17 @@ def _drop_barrier(kernel: Kernel, last: bool) -> None:
     raise LookupError("no K loop")
 
 
+def case_kernel(name: str, act: str, which: str):
+    """A case's kernel as the harness runs it (tests/test_harness_coverage.py reads its ops)."""
+    fmt = EXAMPLE_FORMATS[name]
+    return compile_gemm(Gemm(f"mms_{name}_{act}_{which}", fmt, _schedule(fmt, which), act), METAL).kernel
+
+
 @pytest.fixture(scope="module")
 def built():
     if find_compiler() is None:
         pytest.skip("g++ is not installed")
-    def case(name: str, act: str, which: str):
-        fmt = EXAMPLE_FORMATS[name]
-        return compile_gemm(Gemm(f"mms_{name}_{act}_{which}", fmt, _schedule(fmt, which), act), METAL).kernel
+    case = case_kernel
 
     def broken(last: bool):  # the mutations: one barrier removed
         fmt = EXAMPLE_FORMATS["fp4_g128"]

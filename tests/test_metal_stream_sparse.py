@@ -184,13 +184,18 @@ def _shapes(fmt: md.Format, m_tuned: int) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m, n, k in zip(ms, (40, 136, 24, 8), (256, 384, k_small, 384))]
 
 
+def case_kernel(name: str, act: str, m: int):
+    """A case's kernel as the harness runs it (tests/test_harness_coverage.py reads its ops)."""
+    fmt = _format(name)
+    return compile_gemm(Gemm(f"mss_{name}_{act}_{m}", fmt, RUNTIME.tuned_schedule(fmt, m), act), METAL).kernel
+
+
 @pytest.fixture(scope="module")
 def built():
     if find_compiler() is None:
         pytest.skip("g++ is not installed")
     def make(name: str, act: str, m: int) -> tuple:
-        fmt = _format(name)
-        kernel = compile_gemm(Gemm(f"mss_{name}_{act}_{m}", fmt, RUNTIME.tuned_schedule(fmt, m), act), METAL).kernel
+        kernel = case_kernel(name, act, m)
         return kernel, compile_metal(print_metal(kernel))
 
     return LazyBuilds({case: partial(make, *case) for case in _cases()})  # each built on first use

@@ -162,13 +162,19 @@ def _shapes(fmt: md.Format, m_tuned: int) -> list[tuple[int, int, int]]:
     return [(m, ns[i], tails[i % len(tails)]) for i, m in enumerate(ms)]
 
 
+def case_gemm(name: str, act: str, m: int) -> Gemm:
+    """A case's GEMM; its kernel is compile_gemm(gemm, METAL).kernel (tests/test_harness_coverage.py
+    reads its ops)."""
+    fmt = FORMATS[name]
+    return Gemm(f"mw_{name}_{act}_{m}", fmt, RUNTIME.tuned_schedule(fmt, m), act)
+
+
 @pytest.fixture(scope="module")
 def built():
     if find_compiler() is None:
         pytest.skip("g++ is not installed")
     def make(name: str, act: str, m: int) -> tuple:
-        fmt = FORMATS[name]
-        gemm = Gemm(f"mw_{name}_{act}_{m}", fmt, RUNTIME.tuned_schedule(fmt, m), act)
+        gemm = case_gemm(name, act, m)
         kernel = compile_gemm(gemm, METAL).kernel
         return gemm, kernel, compile_metal(print_metal(kernel))
 
