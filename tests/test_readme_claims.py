@@ -364,3 +364,54 @@ def test_user_path_on_the_gpu() -> None:
     log = (RESULTS / "user_path_h200_2026-11-28" / "gpu_tests.log").read_text()
     passed = int(log.split(" passed")[0].split()[-1])
     assert "failed" not in log and f"pass, {passed} of {passed}" in flat
+
+
+def _sweep_times(rel: str) -> dict[tuple[str, int, int, int], float]:
+    """A decode sweep's times by (kernel or subject, M, K, N), in us (its labels file names the
+    kernel of each row)."""
+    rows = _load(f"{rel}/decode_sweep.json")["rows"]
+    labels = _load(f"{rel}/decode_sweep_labels.json")
+    assert len(rows) == len(labels)
+    return {(lab.get("kernel", lab["subject"]), lab["M"], lab["K"], lab["N"]): row["time_ns"] / 1e3
+            for lab, row in zip(labels, rows)}
+
+
+def _sweep_name(fmt_name: str, m: int, k: int, n: int) -> str:
+    """decode_sweep's kernel name of the tuned schedule (bench/probes/decode_sweep_kernels.py)."""
+    import marlin_dsl as md
+    from marlin_dsl import CUDA
+    from marlin_dsl.layouts.weight_stream import stream_layout
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+
+    fmt = md.builtin_format(fmt_name)
+    s = tuned_schedule(fmt, m, CUDA, k, n)
+    p, n_tiles = s.pipeline, s.tile_n // (16 * s.warps_n)
+    wide = f"t{n_tiles}" if n_tiles > 1 else ""
+    at = f"_at{m}" if s.tile_m < (8 if m <= 8 else 16) else ""
+    return (f"{fmt_name}_m{s.tile_m}_n{s.tile_n}{wide}_kw{p.k_warps}_d{p.depth}_u{p.unroll}"
+            f"_v{s.tile_k // stream_layout(fmt, CUDA).dense_chunk}{'_xa1' if p.x_ahead else ''}{at}")
+
+
+def test_sparse_decode_round() -> None:
+    """Issue 33: the 2:4 decode before (run 1's tuned kernels) and now (run 3's, which must be
+    what `tuned_schedule` picks today) against dense fp4 in run 3, in bench/README.md and the
+    results README."""
+    base = "issue33_h200_2026-11-28"
+    before, now = _sweep_times(f"{base}/run1_schedules"), _sweep_times(f"{base}/run3_tuned")
+    old_labels = _load(f"{base}/run1_schedules/decode_sweep_labels.json")
+    old_tuned = {(lab["M"], lab["K"], lab["N"]): lab["kernel"] for lab in old_labels
+                 if lab.get("tuned") and lab["subject"] == "fp4_2of4"}
+    text = " ".join(BENCH_README.split())
+    results = " ".join((RESULTS / base / "README.md").read_text().split())
+    for m, now_phrase, was_phrase in ((1, "at M = 1 {}", "(was {})"), (16, "at M = 16 {}", "(was {})")):
+        sparse_now = [now[(_sweep_name("fp4_2of4", m, k, n), m, k, n)] for k, n in SHAPES]
+        sparse_was = [before[(old_tuned[(m, k, n)], m, k, n)] for k, n in SHAPES]
+        dense = [now[(_sweep_name("fp4", m, k, n), m, k, n)] for k, n in SHAPES]
+        slash = " / ".join(f"{v:.1f}" for v in sparse_now)
+        assert now_phrase.format(slash) in text, slash
+        assert was_phrase.format(" / ".join(f"{v:.1f}" for v in sparse_was)) in text
+        assert " / ".join(f"{v:.1f}" for v in dense) in text
+        for (k, n), d, was, new in zip(SHAPES, dense, sparse_was, sparse_now):
+            shape = f"{k} x {n}"
+            assert (f"| {shape} | {m} | {d:.1f} | {was:.1f} | {new:.1f} | {was / new:.2f}x | {d / new:.2f} |"
+                    in results), (shape, m)

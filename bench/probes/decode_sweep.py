@@ -3,7 +3,8 @@
 For every format, M and weight shape [K, N], the candidates are the tuned schedule
 (`targets/cuda/tuning.py`) and the grid k_warps x depth x warps_n x n_tiles (tile_n = 16 warps_n n_tiles) x unroll
 x vectors (K vectors per step: tile_k = vectors x the layout's chunk; tile_m 8 for M <= 8, else 16)
-x stages (`--stages`: the weight words through a shared ring filled by cp.async; 0 = registers),
+x stages (`--stages`: the weight words through a shared ring filled by cp.async; 0 = registers)
+x x_ahead (`--x-ahead`: the activations' B fragments loaded a step ahead; `--tile-m` fixes tile_m),
 and with `--probe` text-mutated copies (l1na: weight loads that skip L1; xpf1/xpf2: activations
 prefetched 1/2 steps ahead; the candidates and the kernels folder: decode_sweep_kernels.py). Per candidate, on the GPU through MLX's CUDA backend:
 
@@ -375,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", type=Path, help="kernels a dry run wrote (manifest.json)")
     ap.add_argument("--formats", default="fp4", help="e.g. fp4,int4,uint4_zp (3x the run)")
     ap.add_argument("--ms", default="1,16")
+    ap.add_argument("--tile-m", type=int, default=0, help="the grid's tile_m (default 8 for M <= 8, else 16)")
     ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096", help="KxN,...")
     ap.add_argument("--k-warps", default="4,8,16")
     ap.add_argument("--depth", default="1,2")
@@ -383,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unroll", default="1,2")
     ap.add_argument("--vectors", default="1,2", help="K vectors per step (tile_k = vectors x the layout's chunk)")
     ap.add_argument("--stages", default="0", help="shared ring slots per warp for the weights (0: registers)")
+    ap.add_argument("--x-ahead", default="0", help="0,1: B fragments loaded a step ahead (WeightStream.x_ahead)")
     ap.add_argument("--probe", default="", help="dry run: also text-mutated variants (l1na)")
     ap.add_argument("--metrics", default="", help="more ncu metrics, comma-separated (kept per row)")
     ap.add_argument("--timer", default="ncu", choices=("ncu", "wall"))

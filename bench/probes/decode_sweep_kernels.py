@@ -24,19 +24,23 @@ def candidates(args) -> list[dict]:
     out: dict[str, dict] = {}
 
     def add(fmt_name: str, m: int, tile_m: int, warps_n: int, k_warps: int, depth: int, unroll: int,
-            vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1, stages: int = 0) -> None:
+            vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1, stages: int = 0,
+            x_ahead: int = 0) -> None:
         tile_n = 16 * warps_n * n_tiles
         # n_tiles > 1: one warp decodes several 16-row N tiles and reuses each B fragment
         # (activation load) across them: fewer requested bytes and instructions per weight
         wide = f"t{n_tiles}" if n_tiles > 1 else ""
         ring = f"_s{stages}" if stages else ""  # the weight words through a shared ring
-        name = f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}"
+        xa = f"_xa{x_ahead}" if x_ahead else ""  # B fragments loaded a step ahead
+        at = f"_at{m}" if tile_m < (8 if m <= 8 else 16) else ""  # M tiles smaller than the default's
+        name = f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}{xa}{at}"
         if name not in out:
             fmt = md.builtin_format(fmt_name)
             chunk = stream_layout(fmt, CUDA).dense_chunk
             sched = Schedule(name, tile_m=tile_m, tile_n=tile_n, tile_k=vectors * chunk,
                              warps_m=1, warps_n=warps_n,
-                             pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll, stages=stages))
+                             pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll, stages=stages,
+                                                    x_ahead=x_ahead))
             try:
                 sched.check(fmt, CUDA)
             except ScheduleError as exc:
@@ -44,26 +48,30 @@ def candidates(args) -> list[dict]:
                 return
             out[name] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": tile_n,
                          "warps_n": warps_n, "n_tiles": n_tiles, "k_warps": k_warps, "depth": depth, "unroll": unroll,
-                         "vectors": vectors, "stages": stages, "tuned_for": [], "schedule": sched}
+                         "vectors": vectors, "stages": stages, "x_ahead": x_ahead, "tuned_for": [], "schedule": sched}
         if tuned_for is not None:
             out[name]["tuned_for"].append(list(tuned_for))
 
     for fmt_name in args.formats.split(","):
         fmt = md.builtin_format(fmt_name)
         for m in ints(args.ms):
-            tile_m = 8 if m <= 8 else 16
+            # tile_m 8 below 9 rows, else 16; --tile-m 8 also runs M = 16 as two 8-row tiles over
+            # the same weights (the second read from L2)
+            tile_m = args.tile_m or (8 if m <= 8 else 16)
             for k, n in shapes:
                 t = tuned_schedule(fmt, m, CUDA, k, n)
                 p = t.pipeline
                 add(fmt_name, m, t.tile_m, t.warps_n, p.k_warps, p.depth, p.unroll,
-                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n), t.tile_n // (16 * t.warps_n), p.stages)
-            for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages in itertools.product(
+                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n), t.tile_n // (16 * t.warps_n), p.stages,
+                    x_ahead=p.x_ahead)
+            for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages, x_ahead in itertools.product(
                     ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
-                    ints(args.n_tiles), ints(args.stages)):
+                    ints(args.n_tiles), ints(args.stages), ints(args.x_ahead)):
                 # a warp's registers grow with its N tiles: past 1024 "thread-tiles" ptxas's count
                 # (130-168 for 4 tiles of 512 threads) exceeds what 65536 registers allow
                 if 32 * k_warps * warps_n <= 1024 and 32 * k_warps * n_tiles <= 1024:
-                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles, stages=stages)
+                    add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles, stages=stages,
+                        x_ahead=x_ahead)
     return list(out.values())
 
 

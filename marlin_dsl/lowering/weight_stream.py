@@ -14,7 +14,8 @@ A). Per step the warp:
 
 1. issues the next step's weight loads (carried through the loop: register double buffering),
 2. loads each lane's scales (and zero points) for its two fragment rows,
-3. builds the B fragments of X^T from pairs of activations (`vload` of 2, masked by M and K),
+3. builds the B fragments of X^T from pairs of activations (`vload` of 2, masked by M and K;
+   with `x_ahead` it loads the next step's instead and uses those carried from the step before),
 4. decodes its A fragments pair by pair (`PairDecoder`) and runs the MMAs.
 
 The K loop runs `unroll` steps per iteration (its counters, compare and branch paid once per
@@ -59,44 +60,52 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk")) for d in range(depth)]
         first = [v for fetched in sets for v in fetched]
         per_set = len(sets[0])
+        # With x_ahead: the first step's B fragments, then each step loads the next one's.
+        first_x = self.load_b_fragments(wk) if p.x_ahead else []
         accs = self.ctx.zero_accumulators(self.nsub * self.msub)
 
-        def one_step(kv: Value, carried_fetch: list[Value], carried_accs: list[Value],
-                     ahead_in_range: bool) -> tuple[list[Value], list[Value]]:
+        def one_step(kv: Value, carried_fetch: list[Value], carried_x: list[Value], carried_accs: list[Value],
+                     ahead_in_range: bool, next_in_range: bool) -> tuple[list[Value], list[Value], list[Value]]:
             ahead = self.op2("add", kv, depth * kw, hint="nx")
             prefetched = self.fetch(ahead, clamp=not ahead_in_range)
+            next_x = self.load_b_fragments(self.op2("add", kv, kw, hint="nx"), clamp=not next_in_range) \
+                if p.x_ahead else []
             words = []
             if p.stages:
                 self.issue_ring(self.op2("add", kv, (p.stages - 1) * kw, hint="nx"))
                 words = self.read_ring(kv)
-            new_accs = self.step(kv, words + carried_fetch[:per_set], carried_accs)
-            return [*carried_fetch[per_set:], *prefetched], new_accs
+            new_accs = self.step(kv, words + carried_fetch[:per_set], carried_accs, carried_x or None)
+            return [*carried_fetch[per_set:], *prefetched], next_x, new_accs
 
         def body(steps: int) -> Callable[[Value, list[list[Value]]], list[Value]]:
             def emit(iv: Value, groups: list[list[Value]]) -> list[Value]:
-                fetch, accs_ = groups
+                fetch, xs, accs_ = groups if p.x_ahead else (groups[0], [], groups[1])
                 for u in range(steps):
                     kv = self.op2("add", iv, u * kw, hint="ku") if u else iv
                     # in the unrolled loop steps iv .. iv + (steps - 1) * k_warps exist
-                    fetch, accs_ = one_step(kv, fetch, accs_, steps > 1 and u + depth < steps)
-                return [*fetch, *accs_]
+                    fetch, xs, accs_ = one_step(kv, fetch, xs, accs_, steps > 1 and u + depth < steps,
+                                                steps > 1 and u + 1 < steps)
+                return [*fetch, *xs, *accs_]
             return emit
 
-        carried = [("pf", first), ("acc", accs)]
+        carried = [("pf", first), *([("xb", first_x)] if p.x_ahead else []), ("acc", accs)]
         if unroll > 1:
             # This warp's steps wk, wk + k_warps, .. < KS: `unroll` at a time, then the rest.
             steps = self.ceil_div(self.op2("sub", self.op2("max", self.KS, wk, hint="ns"), wk, hint="ns"), kw)
             whole = self.op2("mul", self.op2("div", steps, unroll, hint="ns"), unroll * kw, hint="ns")
             split = self.op2("add", wk, whole, hint="ke")
             results = self.carried_for(wk, split, unroll * kw, carried, body(unroll), iv_hint="kv", hint="pre")
-            carried = [("pf", results[:len(first)]), ("acc", results[len(first):])]
+            nx = len(first) + len(first_x)
+            carried = [("pf", results[:len(first)]), *([("xb", results[len(first):nx])] if p.x_ahead else []),
+                       ("acc", results[nx:])]
             wk_rest = split
         else:
             wk_rest = wk
         results = self.carried_for(wk_rest, self.KS, kw, carried, body(1), iv_hint="kv", hint="fin")
         if p.stages:  # the copies past the warp's last step: none in flight beyond the loop
             self.b.op("async_wait", attrs={"pending": 0})
-        self.reduce_and_store(results[len(first):], wk, wn, self.pairs.rebias if self.rebias_at_end else 1.0)
+        self.reduce_and_store(results[len(first) + len(first_x):], wk, wn,
+                              self.pairs.rebias if self.rebias_at_end else 1.0)
         return gemm_kernel(
             self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
             shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m), *self.ring_arrays],
@@ -113,19 +122,48 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
             return 1
         return int(g) // tile
 
-    def step(self, ks: Value, fetched: list[Value], accs: list[Value]) -> list[Value]:
-        """One K step (`vectors` consecutive K vectors): B fragments from device memory, A
-        decoded from the fetched words."""
+    def load_b_fragments(self, ks: Value, clamp: bool = True) -> list[Value]:
+        """Step ks's B fragments, [vector][K tile][M tile] flat: what `x_ahead` loads a step
+        early and carries. With clamped loads, `clamp` reads step min(ks, KS - 1) (False:
+        ks < KS is known); predicated loads read zeros past K."""
+        if self.clamped and clamp:
+            ks = self.op2("min", ks, self.last_step, hint="kc")
+        out: list[Value] = []
+        for kv in self.step_vectors(ks):
+            k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
+            out += self.b_fragments_of_vector(k_vec0)
+        return out
+
+    def b_fragments_of_vector(self, k_vec0: Value) -> list[Value]:
+        """The B fragments of the K vector at dense K k_vec0, [K tile][M tile] flat."""
+        runs = [self.x_runs(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
+        out: list[Value] = []
+        for s_ in range(self.layout.tiles):
+            if runs is not None:
+                out += [self.b_fragment_from_run(run, s_) for run in runs]
+            else:
+                k_tile0 = self.op2("add", k_vec0, s_ * self.tile_k_dense, hint="kt") if s_ else k_vec0
+                out += [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]
+        return out
+
+    def step(self, ks: Value, fetched: list[Value], accs: list[Value],
+             b_ahead: list[Value] | None = None) -> list[Value]:
+        """One K step (`vectors` consecutive K vectors): B fragments from device memory (or
+        `b_ahead`, loaded a step earlier: `load_b_fragments`), A decoded from the fetched words."""
         mk = self.tile_k_dense
         words, meta, params = self.unpack_fetched(fetched)
         parts = []
+        per_vector = self.layout.tiles * self.msub
         for v, kv in enumerate(self.step_vectors(ks)):
             k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
-            runs = [self.x_runs(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
+            runs = [self.x_runs(k_vec0, mt) for mt in range(self.msub)] if self.x_perm and b_ahead is None else None
             k_tile: dict[int, Value] = {}
 
-            def b_frags_for(s_: int, k_vec0: Value = k_vec0, runs=runs, k_tile=k_tile) -> list[Value]:
+            def b_frags_for(s_: int, k_vec0: Value = k_vec0, runs=runs, k_tile=k_tile, v: int = v) -> list[Value]:
                 k_tile[s_] = k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
+                if b_ahead is not None:
+                    at = v * per_vector + s_ * self.msub
+                    return b_ahead[at:at + self.msub]
                 if runs is not None:
                     return [self.b_fragment_from_run(run, s_) for run in runs]
                 return [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]

@@ -76,7 +76,8 @@ class WeightStream:
     of one step (the layout's vector chunk, or a multiple of it inside one scale group: then a
     step loads that many consecutive vectors and loads its scales, and multiplies its sums by
     them, once), warps_m 1. Pipeline fields: k_warps, depth (steps fetched ahead), unroll
-    (steps per loop iteration), stages (a shared ring for the weight words, see below)."""
+    (steps per loop iteration), stages (a shared ring for the weight words, see below),
+    x_ahead (the activations' B fragments loaded a step ahead, see below)."""
 
     k_warps: int = 4
     depth: int = 1  # steps fetched ahead of the one computing (registers per extra step: ~6)
@@ -91,6 +92,13 @@ class WeightStream:
     #: reads them back from it (lowering/parts/ring_fetch.py): more bytes in flight without
     #: the registers `depth` costs. Needs a target with asynchronous copies (CUDA).
     stages: int = 0
+    #: Steps the activations' B fragments are loaded ahead (0 or 1). With 1 each step's
+    #: activation loads are issued a step before the MMAs that read them and carried in
+    #: registers (a B fragment per K tile and M tile: 4 registers each), so their latency
+    #: overlaps a step of decode and MMAs instead of sitting in the step's chain. For 2:4
+    #: at M <= 16, whose B fragments are 16-32 two-element loads a step, the stall on them
+    #: bounded the kernel (bench/results/issue33_h200_2026-11-28).
+    x_ahead: int = 0
     kind: Literal["weight_stream"] = "weight_stream"
     #: Its epilogue writes Y's columns as several outputs (`Gemm.outputs`; KWarpReduce).
     splits_outputs: ClassVar[bool] = True
@@ -101,6 +109,10 @@ class WeightStream:
                 or self.stages < 0:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream stages must be 0 (weights "
                                 f"in registers) or at least 2 (a ring of shared slots), got {self.stages!r}",
+                                schedule.location)
+        if not isinstance(self.x_ahead, int) or isinstance(self.x_ahead, bool) or self.x_ahead not in (0, 1):
+            raise ScheduleError(f"schedule {schedule.name!r}: weight_stream x_ahead must be 0 (activations "
+                                f"loaded in the step that reads them) or 1 (a step ahead), got {self.x_ahead!r}",
                                 schedule.location)
         if schedule.warps_m != 1:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream splits N and K among "

@@ -32,9 +32,9 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
     one_k = stream_layout(fmt, target).dense_chunk
 
     def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1,
-             tile_k: int = one_k) -> Schedule:
-        return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1,
-                        warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth))
+             tile_k: int = one_k, n_tiles: int = 1, x_ahead: int = 0) -> Schedule:
+        return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n * n_tiles, tile_k=tile_k, warps_m=1,
+                        warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth, x_ahead=x_ahead))
 
     # From ncu on an H100, cold L2 (bench/results/issue15_h100_2026-11-25c/decode: the sweep of
     # k_warps x depth x K vectors per step for fp4 on 4096^2, 4096 x 14336, 14336 x 4096): at
@@ -45,6 +45,21 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
     # step as at M = 16 (not swept).
     wide_n = k is not None and n is not None and n > k
     k_warps = 8 if wide_n else 16
+    if stream_layout(fmt, target).sparse and m <= 16:
+        # 2:4 on the sparse MMA: a step is one vector of 128 dense K whose B fragments are
+        # 16 two-element loads per M tile, and waiting on them bounded the kernel. From ncu on
+        # the H200, cold L2 (bench/results/issue33_h200_2026-11-28, fp4 2:4 on 4096^2,
+        # 4096 x 14336, 14336 x 4096): at M <= 8 the B fragments loaded a step ahead
+        # (x_ahead) take 7.6 / 17.4 / 17.2 us to 7.4 / 14.8 / 14.1 (run 2); at M = 16 two
+        # 8-row M tiles over the same weights (the second read mostly from L2), two N tiles a
+        # warp (each B fragment used twice), 8 warps and x_ahead take 18.9 / 52.9 / 54.6 us
+        # (run 2) to 12.4 / 34.1 / 26.6 (run 3; the one-tile 16-row kernels ran at 72-96
+        # registers in 512-thread blocks). int4 2:4 (72 registers) measured the same M = 16
+        # schedule best; at M = 1 it ran 1.1-1.2x faster with 8 K warps than 16 on 4096^2
+        # and 14336 x 4096 (run 3), not applied: one run, one format.
+        if m <= 8:
+            return make("stream_m8_sparse", 8, k_warps, depth=2, x_ahead=1)
+        return make("stream_m16_sparse", 8, 8, depth=2, n_tiles=2, x_ahead=1)
     if m <= 8:
         return make("stream_m8", 8, k_warps, depth=2, tile_k=pair_k)
     if m <= 16:
