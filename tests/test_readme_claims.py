@@ -415,3 +415,28 @@ def test_sparse_decode_round() -> None:
             shape = f"{k} x {n}"
             assert (f"| {shape} | {m} | {d:.1f} | {was:.1f} | {new:.1f} | {was / new:.2f}x | {d / new:.2f} |"
                     in results), (shape, m)
+
+
+def test_sparse_decode_fixed_part() -> None:
+    """Issue 33: the fixed part and marginal rate of dense fp4 and fp4 2:4 at M = 1 (run 3),
+    fitted on two shapes, and what 2:4 would take at dense's rate."""
+    base = "issue33_h200_2026-11-28"
+    now = _sweep_times(f"{base}/run3_tuned")
+    text = " ".join((RESULTS / base / "README.md").read_text().split())
+
+    def size(fmt_name: str, k: int, n: int) -> int:  # codes, 2-bit positions of kept values, f16 scales
+        codes = k * n // 2 if fmt_name == "fp4" else k * n // 4 + k * n // 8
+        return codes + (k // 128) * n * 2
+
+    fits = {}
+    for fmt_name in ("fp4", "fp4_2of4"):
+        (b0, t0), (b1, t1) = [(size(fmt_name, k, n), now[(_sweep_name(fmt_name, 1, k, n), 1, k, n)])
+                              for k, n in SHAPES[:2]]
+        rate = (b1 - b0) / (t1 - t0) / 1e6  # TB/s (bytes / us / 1e6)
+        fits[fmt_name] = (t0 - b0 / rate / 1e6, rate)
+        assert f"{fits[fmt_name][0]:.2f} us + {rate:.2f} TB/s" in text, fmt_name
+    fixed, rate = fits["fp4_2of4"][0], fits["fp4"][1]
+    ideal = [fixed + size("fp4_2of4", k, n) / rate / 1e6 for k, n in SHAPES]
+    dense = [now[(_sweep_name("fp4", 1, k, n), 1, k, n)] for k, n in SHAPES]
+    assert " / ".join(f"{v:.2f}" for v in ideal) + " us" in text
+    assert " / ".join(f"{d / v:.2f}x" for d, v in zip(dense, ideal)) + " dense" in text
