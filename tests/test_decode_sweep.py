@@ -171,3 +171,21 @@ def test_ring_and_probe_variants_are_built(tmp_path: Path) -> None:
     assert "+ 512u, v_M0 * v_K0)" in prefetch  # 2 steps of 4 K warps x 64 positions ahead
     with pytest.raises(SystemExit, match="unknown variant"):
         decode_sweep_kernels.probe_variants([], ["l2"])
+
+
+def test_lookahead_and_small_m_tile_variants_are_built(tmp_path: Path) -> None:
+    """`--x-ahead 0,1` adds kernels with WeightStream(x_ahead=1) (`_xa1`), `--tile-m 8` runs
+    M = 16 as two 8-row tiles (`_at16`, named apart from the M = 1 kernel of the same tiles);
+    the tuned 2:4 schedules carry x_ahead into their names."""
+    rc = decode_sweep.main(["--dry-run", "--out", str(tmp_path), "--ms", "1,16", "--shapes", "4096x4096",
+                            "--no-sass", "--no-interpret", "--formats", "fp4_2of4", "--k-warps", "8", "--depth", "2",
+                            "--warps-n", "1", "--unroll", "1", "--vectors", "1", "--x-ahead", "0,1",
+                            "--tile-m", "8", "--n-tiles", "2"])
+    assert rc == 0
+    kernels = {k["name"]: k for k in json.loads((tmp_path / "dry_run.json").read_text())["kernels"]}
+    assert {"fp4_2of4_m8_n32t2_kw8_d2_u1_v1", "fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1",
+            "fp4_2of4_m8_n32t2_kw8_d2_u1_v1_at16", "fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1_at16"} <= set(kernels)
+    assert kernels["fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1_at16"]["m"] == 16
+    assert kernels["fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1"]["x_ahead"] == 1
+    tuned = [k for k in kernels.values() if k["tuned_for"]]
+    assert tuned and all(k["x_ahead"] == 1 and k["name"].endswith(("_xa1", "_xa1_at16")) for k in tuned)

@@ -133,8 +133,10 @@ def check_on_gpu(cands: list[dict], args) -> None:
     import mlx.core as mx
 
     from marlin_dsl import builtin_format, pack, reference_matmul
+    from marlin_dsl.checks.error_model import kernel_weights
     from marlin_dsl.checks.format_check import sample_weights
     from marlin_dsl.checks.gpu_output import check_gpu_output
+    from marlin_dsl.formats.evaluate import dequantize
 
     rng = np.random.default_rng(args.seed)
     shapes = sorted(set(parse_shapes(args.shapes)))
@@ -150,6 +152,10 @@ def check_on_gpu(cands: list[dict], args) -> None:
             weights = mine[0]["launcher"].weights(packed)  # one physical layout serves them all
             xs = {m: rng.standard_normal((m, k)).astype(np.float16) for m in sorted({c["m"] for c in mine} | {3})}
             refs = {m: reference_matmul(x.astype(np.float64), packed) for m, x in xs.items()}  # fresh activations
+            # the float64 weight and its kernel decode once per weight, not per kernel and M:
+            # recomputed per check they made 38 kernels' checks outlast an 8-minute device call
+            # (bench/results/issue33_h200_2026-11-28/README.md)
+            w64, w_kernel = dequantize(packed), kernel_weights(packed, "f16")
             for c in mine:
                 for m in sorted({c["m"], 3}):
                     y = np.array(c["launcher"](weights, mx.array(xs[m]), poison=True).astype(mx.float32), np.float64)
@@ -157,7 +163,8 @@ def check_on_gpu(cands: list[dict], args) -> None:
                     nan = int(np.isnan(y).sum())
                     rel = float(np.linalg.norm(np.nan_to_num(y) - ref) / max(np.linalg.norm(ref), 1e-300))
                     # the error model's checks (issue 17), as warpgroup_gpu.py and gpu_correctness.py
-                    ok = nan == 0 and check_gpu_output(y, xs[m].astype(np.float64), packed, "f16").ok
+                    ok = nan == 0 and check_gpu_output(y, xs[m].astype(np.float64), packed, "f16",
+                                                       w64, w_kernel).ok
                     c["checks"].append({"M": m, "K": k, "N": n, "rel_error": rel, "nan": nan, "ok": ok})
                     c["ok"] &= ok
                     if not ok:
