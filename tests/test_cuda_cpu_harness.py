@@ -53,11 +53,11 @@ ACTS = ("f16", "bf16")
 # ----- the kernels: (gemm, shapes) by name ------------------------------------------------------
 
 def ws_schedule(fmt, tile_m: int = 8, warps_n: int = 2, k_warps: int = 2, depth: int = 2, unroll: int = 1,
-                vectors: int = 1, stages: int = 0) -> Schedule:
+                vectors: int = 1, stages: int = 0, x_ahead: int = 0) -> Schedule:
     chunk = stream_layout(fmt, CUDA).dense_chunk
     return Schedule("ws_cpu", tile_m=tile_m, tile_n=16 * warps_n, tile_k=vectors * chunk, warps_m=1,
                     warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll,
-                                                           stages=stages))
+                                                           stages=stages, x_ahead=x_ahead))
 
 
 def ms_schedule(fmt, stages: int = 3, tile_m: int = 32, tile_n: int = 64, warps_m: int = 2,
@@ -111,6 +111,15 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
         chunk = stream_layout(fmt, CUDA).dense_chunk
         k = -(-7 * sched.tile_k // group) * group if group >= 128 else 7 * chunk - 32  # group 32: a K tail
         add(f"ws_ring_{fname}_{group}_{act}_s{stages}", fmt, sched, act, [(1, 33, k), (17, 40, k)])
+    for fname in ("fp4_2of4", "int4_2of4"):  # the tuned 2:4 schedules: B fragments a step ahead
+        fmt = md.builtin_format(fname)
+        for m in (1, 16):
+            for act in ACTS:
+                add(f"ws_ahead_{fname}_{act}_m{m}", fmt, md.tuned_schedule(fmt, m, None, 4096, 4096), act,
+                    [(m, 40, 768), (m + 2, 33, 768)])
+    fmt = md.builtin_format("fp4", 32)  # the lookahead predicated, with a K tail, unrolled
+    add("ws_ahead_ktail_fp4", fmt, ws_schedule(fmt, k_warps=4, depth=1, unroll=2, x_ahead=1), "bf16",
+        [(3, 20, 7 * stream_layout(fmt, CUDA).dense_chunk - 32)])
     fmt = md.builtin_format("uint4_zp")
     for m in (1, 16, 40, 70):  # the tuned weight-stream schedules
         add(f"ws_tuned_m{m}", fmt, md.tuned_schedule(fmt, m), "f16", [(m, 24, 512)])
