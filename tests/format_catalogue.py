@@ -26,6 +26,7 @@ import numpy as np
 import marlin_dsl as md
 from marlin_dsl.formats import PER_COLUMN, Format
 from marlin_dsl.formats.scaling import ParamArray
+from marlin_dsl.errors import ShapeError, ValueRangeError
 from marlin_dsl.formats.storage import StorageType, bf16_bits
 from marlin_dsl.layers.interop import mlx_format
 from marlin_dsl.spec import load_spec
@@ -74,6 +75,16 @@ def catalogue() -> dict[str, Format]:
     for fmt in _declared():
         out[f"declared-{fmt.name}"] = fmt
     return out
+
+
+def validation_outcome(fn) -> str | None:
+    """What a validator says: None when `fn()` accepts, else its error's type and message (the
+    two validators must agree on both)."""
+    try:
+        fn()
+    except (ShapeError, ValueRangeError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def shape_for(fmt: Format) -> tuple[int, int]:

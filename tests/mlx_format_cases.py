@@ -89,6 +89,30 @@ def shapes(gemm: Gemm) -> list[tuple[int, int, int]]:
     return [(1, n, k), (3, n, k_tail), (65, wide, k)]
 
 
+def build_cases(pipelines: dict[str, tuple[tuple, Callable]], refused: dict[tuple[str, str], str]
+                ) -> tuple[dict[str, tuple[Gemm, list]], dict[str, tuple], dict[str, tuple[str, str, str, str]]]:
+    """A target's harness cases: every MLX format x pipeline it takes (`pipelines`: name ->
+    (variants, schedule(fmt, variant)); `refused`: the (format label, pipeline) pairs left out)
+    x activation. Returns name -> (Gemm, shapes), name -> its sweep axes, and name -> (format
+    label, pipeline, variant, activation)."""
+    cases: dict[str, tuple[Gemm, list]] = {}
+    axes: dict[str, tuple] = {}
+    keys: dict[str, tuple[str, str, str, str]] = {}
+    for f in MLX_FORMATS.values():
+        for pipeline, (variants, schedule) in pipelines.items():
+            if (f.label, pipeline) in refused:
+                continue
+            v = variant(f, variants)
+            for act in ACTS:
+                name = f"{f.label}-{pipeline}{'' if v == '-' else '_' + v}-{act}"
+                gemm = Gemm(f"mlx_{f.label}_{pipeline}_{v.strip('-')}_{act}".replace("__", "_"), f.fmt,
+                            schedule(f.fmt, v), act)
+                cases[name] = (gemm, shapes(gemm))
+                axes[name] = case_axes(f, pipeline, v, act)
+                keys[name] = (f.label, pipeline, v, act)
+    return cases, axes, keys
+
+
 def check_on_harness(gemm: Gemm, kernel: Kernel, shapes: list[tuple[int, int, int]],
                      run: Callable[[dict, dict, int], dict], seed: int) -> None:
     """Each shape on fresh random weights and activations (`check_kernel`): `run(buffers,

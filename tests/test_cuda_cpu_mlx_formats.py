@@ -40,7 +40,7 @@ from marlin_dsl.targets.cuda.printer import print_cuda  # noqa: E402
 
 from conftest import covering_subset  # noqa: E402
 from lazy_builds import LazyBuilds  # noqa: E402
-from mlx_format_cases import ACTS, MLX_FORMATS, case_axes, check_on_harness, shapes, variant  # noqa: E402
+from mlx_format_cases import ACTS, MLX_FORMATS, build_cases, check_on_harness  # noqa: E402
 
 needs_gxx = pytest.mark.skipif(
     find_compiler() is None,
@@ -59,27 +59,8 @@ PIPELINES = {
 REFUSED: dict[tuple[str, str], str] = {}
 
 
-def _cases() -> tuple[dict[str, tuple[Gemm, list]], dict[str, tuple], dict[str, tuple[str, str, str, str]]]:
-    cases: dict[str, tuple[Gemm, list]] = {}
-    axes: dict[str, tuple] = {}
-    keys: dict[str, tuple[str, str, str, str]] = {}
-    for f in MLX_FORMATS.values():
-        for pipeline, (variants, schedule) in PIPELINES.items():
-            if (f.label, pipeline) in REFUSED:
-                continue
-            v = variant(f, variants)
-            for act in ACTS:
-                name = f"{f.label}-{pipeline}{'' if v == '-' else '_' + v}-{act}"
-                gemm = Gemm(f"mlx_{f.label}_{pipeline}_{v.strip('-')}_{act}".replace("__", "_"), f.fmt,
-                            schedule(f.fmt, v), act)
-                cases[name] = (gemm, shapes(gemm))
-                axes[name] = case_axes(f, pipeline, v, act)
-                keys[name] = (f.label, pipeline, v, act)
-    return cases, axes, keys
-
-
 #: name -> (Gemm, shapes); its sweep axes; (format label, pipeline, variant, activation)
-CASES, AXES, KEYS = _cases()
+CASES, AXES, KEYS = build_cases(PIPELINES, REFUSED)
 
 
 def case_kernel(name: str):

@@ -22,7 +22,7 @@ from marlin_dsl.nn import MarlinLinear
 from marlin_dsl.spec import load_spec
 from marlin_dsl.checks.format_check import sample_weights, verify_format
 
-from format_catalogue import catalogue, encode
+from format_catalogue import catalogue, encode, validation_outcome
 
 _FILES = itertools.count()
 
@@ -144,18 +144,10 @@ def corruptions(draw):
     return md.PackedWeights(fmt, (k, n), arrays)
 
 
-def _outcome(fn) -> str | None:
-    try:
-        fn()
-    except (ShapeError, ValueRangeError) as err:
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(corruptions())
 def test_packed_arrays_are_refused_by_name_or_match_the_reference(packed) -> None:
-    numpy_says = _outcome(lambda: md.validate(packed))
+    numpy_says = validation_outcome(lambda: md.validate(packed))
     names = sorted(packed.arrays)
     if numpy_says is not None:
         assert any(name in numpy_says for name in names) or "arrays" in numpy_says, numpy_says
@@ -165,7 +157,7 @@ def test_packed_arrays_are_refused_by_name_or_match_the_reference(packed) -> Non
     except (ShapeError, ValueRangeError) as err:  # a dtype MLX arrays cannot carry
         assert numpy_says is not None, err
         return
-    mlx_says = _outcome(lambda: validate_mx(packed.format, packed.shape, as_mx))
+    mlx_says = validation_outcome(lambda: validate_mx(packed.format, packed.shape, as_mx))
     if numpy_says is None or numpy_says.startswith("ValueRangeError"):
         assert mlx_says == numpy_says  # value checks: the numpy message, word for word
     else:  # shape and dtype: the same kind of error, naming the same array

@@ -7,6 +7,7 @@ README (until 2026-11-28)", verbatim."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -377,19 +378,11 @@ def _sweep_times(rel: str) -> dict[tuple[str, int, int, int], float]:
 
 
 def _sweep_name(fmt_name: str, m: int, k: int, n: int) -> str:
-    """decode_sweep's kernel name of the tuned schedule (bench/probes/decode_sweep_kernels.py)."""
-    import marlin_dsl as md
-    from marlin_dsl import CUDA
-    from marlin_dsl.layouts.weight_stream import stream_layout
-    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+    """decode_sweep's kernel name of today's tuned schedule (bench/probes/decode_sweep_kernels.py)."""
+    sys.path.insert(0, str(ROOT / "bench" / "probes"))
+    from decode_sweep_kernels import tuned_kernel_name
 
-    fmt = md.builtin_format(fmt_name)
-    s = tuned_schedule(fmt, m, CUDA, k, n)
-    p, n_tiles = s.pipeline, s.tile_n // (16 * s.warps_n)
-    wide = f"t{n_tiles}" if n_tiles > 1 else ""
-    at = f"_at{m}" if s.tile_m < (8 if m <= 8 else 16) else ""
-    return (f"{fmt_name}_m{s.tile_m}_n{s.tile_n}{wide}_kw{p.k_warps}_d{p.depth}_u{p.unroll}"
-            f"_v{s.tile_k // stream_layout(fmt, CUDA).dense_chunk}{'_xa1' if p.x_ahead else ''}{at}")
+    return tuned_kernel_name(fmt_name, m, k, n)
 
 
 def test_sparse_decode_round() -> None:

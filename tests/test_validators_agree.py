@@ -23,23 +23,14 @@ import numpy as np
 import pytest
 
 import marlin_dsl as md
-from marlin_dsl.errors import ShapeError, ValueRangeError
 from marlin_dsl.formats.storage import STORAGE_TYPES
 from marlin_dsl.layers.mlx_ops import packed_to_mx
 from marlin_dsl.layers.validate import validate_mx
 from marlin_dsl.nn import MarlinLinear
 
-from format_catalogue import CORRUPTIONS, catalogue, corrupted_cases, stored
+from format_catalogue import CORRUPTIONS, catalogue, corrupted_cases, stored, validation_outcome
 
 NAMES = sorted(catalogue())
-
-
-def _outcome(fn) -> str | None:
-    try:
-        fn()
-    except (ShapeError, ValueRangeError) as err:
-        return f"{type(err).__name__}: {err}"
-    return None
 
 
 def test_the_catalogue_covers_every_storage_type_and_sign_rule() -> None:
@@ -64,8 +55,8 @@ def test_validators_agree_on_every_corrupted_parameter(name: str) -> None:
     assert {array for array, *_ in cases} == set(catalogue()[name].parameters())
     wrong = []
     for array, corruption, index, packed, want in cases:
-        numpy_says = _outcome(lambda: md.validate(packed))
-        mlx_says = _outcome(lambda: validate_mx(packed.format, packed.shape, packed_to_mx(packed.arrays, packed.format)))
+        numpy_says = validation_outcome(lambda: md.validate(packed))
+        mlx_says = validation_outcome(lambda: validate_mx(packed.format, packed.shape, packed_to_mx(packed.arrays, packed.format)))
         where = f"ValueRangeError: {array}[{index[0]}, {index[1]}]"
         if want is None:
             ok = numpy_says is None and mlx_says is None
@@ -110,11 +101,11 @@ def test_corrupted_mlx_quantized_layers_are_refused_by_name(mode, bits, group, d
             else:
                 held[row, col] = value
             ql[array] = mx.array(held).astype(ql[array].dtype)
-            numpy_says = _outcome(lambda: md.validate(md.PackedWeights(
+            numpy_says = validation_outcome(lambda: md.validate(md.PackedWeights(
                 packed_from_quantized(ql).format, (128, 24),
                 {n: np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
                  for n, a in packed_from_quantized(ql).arrays.items()})))
-            mlx_says = _outcome(lambda: MarlinLinear.from_quantized_linear(ql, backend="mlx"))
+            mlx_says = validation_outcome(lambda: MarlinLinear.from_quantized_linear(ql, backend="mlx"))
             assert mlx_says == numpy_says, (array, value, mlx_says, numpy_says)
             assert numpy_says is not None and numpy_says.startswith(
                 f"ValueRangeError: {array}[{col}, {row}] is not finite"), numpy_says

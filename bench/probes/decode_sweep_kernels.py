@@ -27,13 +27,7 @@ def candidates(args) -> list[dict]:
             vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1, stages: int = 0,
             x_ahead: int = 0) -> None:
         tile_n = 16 * warps_n * n_tiles
-        # n_tiles > 1: one warp decodes several 16-row N tiles and reuses each B fragment
-        # (activation load) across them: fewer requested bytes and instructions per weight
-        wide = f"t{n_tiles}" if n_tiles > 1 else ""
-        ring = f"_s{stages}" if stages else ""  # the weight words through a shared ring
-        xa = f"_xa{x_ahead}" if x_ahead else ""  # B fragments loaded a step ahead
-        at = f"_at{m}" if tile_m < (8 if m <= 8 else 16) else ""  # M tiles smaller than the default's
-        name = f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}{xa}{at}"
+        name = kernel_name(fmt_name, m, tile_m, tile_n, n_tiles, k_warps, depth, unroll, vectors, stages, x_ahead)
         if name not in out:
             fmt = md.builtin_format(fmt_name)
             chunk = stream_layout(fmt, CUDA).dense_chunk
@@ -60,10 +54,7 @@ def candidates(args) -> list[dict]:
             tile_m = args.tile_m or (8 if m <= 8 else 16)
             for k, n in shapes:
                 t = tuned_schedule(fmt, m, CUDA, k, n)
-                p = t.pipeline
-                add(fmt_name, m, t.tile_m, t.warps_n, p.k_warps, p.depth, p.unroll,
-                    t.tile_k // stream_layout(fmt, CUDA).dense_chunk, (k, n), t.tile_n // (16 * t.warps_n), p.stages,
-                    x_ahead=p.x_ahead)
+                add(fmt_name, m, t.tile_m, t.warps_n, **_grid_fields(fmt, t), tuned_for=(k, n))
             for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages, x_ahead in itertools.product(
                     ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
                     ints(args.n_tiles), ints(args.stages), ints(args.x_ahead)):
@@ -73,6 +64,42 @@ def candidates(args) -> list[dict]:
                     add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles, stages=stages,
                         x_ahead=x_ahead)
     return list(out.values())
+
+
+def kernel_name(fmt_name: str, m: int, tile_m: int, tile_n: int, n_tiles: int, k_warps: int, depth: int,
+                unroll: int, vectors: int, stages: int = 0, x_ahead: int = 0) -> str:
+    """A candidate's name: its schedule's fields. n_tiles > 1: one warp decodes several 16-row
+    N tiles and reuses each B fragment (activation load) across them; `_s`: the weight words
+    through a shared ring; `_xa`: B fragments loaded a step ahead; `_at{m}`: M tiles smaller
+    than the default's for M (8 below 9 rows, else 16)."""
+    wide = f"t{n_tiles}" if n_tiles > 1 else ""
+    ring = f"_s{stages}" if stages else ""
+    xa = f"_xa{x_ahead}" if x_ahead else ""
+    at = f"_at{m}" if tile_m < (8 if m <= 8 else 16) else ""
+    return f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}{xa}{at}"
+
+
+def _grid_fields(fmt, sched) -> dict:
+    """A weight-stream schedule's grid fields (k_warps, depth, unroll, vectors, n_tiles, stages,
+    x_ahead) as `candidates` names them."""
+    from marlin_dsl import CUDA
+    from marlin_dsl.layouts.weight_stream import stream_layout
+
+    p = sched.pipeline
+    return {"k_warps": p.k_warps, "depth": p.depth, "unroll": p.unroll,
+            "vectors": sched.tile_k // stream_layout(fmt, CUDA).dense_chunk,
+            "n_tiles": sched.tile_n // (16 * sched.warps_n), "stages": p.stages, "x_ahead": p.x_ahead}
+
+
+def tuned_kernel_name(fmt_name: str, m: int, k: int, n: int) -> str:
+    """The name `candidates` gives the tuned schedule for M rows of a [K, N] weight."""
+    import marlin_dsl as md
+    from marlin_dsl import CUDA
+    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+
+    fmt = md.builtin_format(fmt_name)
+    t = tuned_schedule(fmt, m, CUDA, k, n)
+    return kernel_name(fmt_name, m, t.tile_m, t.tile_n, **_grid_fields(fmt, t))
 
 
 def build(cands: list[dict], act: str = "f16") -> None:
@@ -174,4 +201,4 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]  # type: ignore[misc]
 
 
-__all__ = ["candidates", "build", "probe_variants", "write_kernels", "load_kernels", "public", "ints", "parse_shapes"]
+__all__ = ["candidates", "kernel_name", "tuned_kernel_name", "build", "probe_variants", "write_kernels", "load_kernels", "public", "ints", "parse_shapes"]
