@@ -28,3 +28,13 @@ fp4_blocks_db = Gemm("fp4_blocks_g128_db", fp4_blocks_g128, Schedule("db_64x64x3
 stream_m8 = Schedule("metal_stream_m8", tile_m=8, tile_n=128, tile_k=128, warps_m=1, warps_n=8,
                      pipeline=WeightStream(k_warps=2))
 fp4_blocks_stream = Gemm("fp4_blocks_g128_stream", fp4_blocks_g128, stream_m8)
+
+# CUDA's decode kernel that skips (issue 33): the skipping layout stores per block of 32 N rows
+# only the K vectors (64 K positions, one 128-bit load per lane) that hold a non-zero, and each
+# warp, which owns one block, loops over its block's stored vectors: an empty vector is neither
+# read nor multiplied (layouts/block_skip.py, lowering/weight_stream_skip.py). Pays where zeros
+# cluster in runs of 64 K positions of a block (pruned channel groups); a pattern byte's 8
+# positions alone are finer than a lane's load and skip nothing.
+skip_m8 = Schedule("cuda_skip_m8", tile_m=8, tile_n=32, tile_k=64, warps_m=1, warps_n=1,
+                   pipeline=WeightStream(k_warps=8, depth=2, skip_empty=True), targets=("cuda",))
+fp4_blocks_skip = Gemm("fp4_blocks_g128_skip", fp4_blocks_g128, skip_m8)

@@ -12,6 +12,7 @@ from .formats import PackedWeights
 from .formats.tensors import check_float_matrix
 from .ir import Kernel
 from .ir.numerics import round_to_activation
+from .layouts.block_skip import skip_arrays
 from .layouts.weight_stream import LAYOUT_NAME, stream_arrays
 from .machine.outputs import y_columns
 from .machine.target import TARGETS
@@ -28,6 +29,8 @@ def physical_arrays(attrs: dict, packed: PackedWeights) -> dict[str, np.ndarray]
     if layout is None or packed.layout == layout:  # already in the kernel's layout
         return dict(packed.arrays)
     target = TARGETS[str(attrs["target"])]
+    if layout == target.skip_layout:  # the stream without each block's empty vectors
+        return skip_arrays(packed.format, target, packed)
     if layout != LAYOUT_NAME and layout not in target.weight_layouts[:1]:
         raise ShapeError(f"kernel: unknown weight layout {layout!r}")
     # K is even here: the layout takes code widths up to 16, whose K granule (the codes that

@@ -33,7 +33,7 @@ def kernels() -> Iterator[tuple[str, object, object]]:
     from marlin_dsl.lowering.sparse_gemm import lower_sparse_gemm
     from marlin_dsl.lowering.sparsify import lower_sparsify
     from marlin_dsl.passes import DEFAULT_PIPELINE, PassManager
-    from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule, StripedKParallel, default_schedule
+    from marlin_dsl.schedule import DoubleBuffered, Gemm, Schedule, StripedKParallel, WeightStream, default_schedule
     from marlin_dsl.errors import ScheduleError
     from marlin_dsl.targets.cuda.tuning import tuned_schedule, warpgroup_roles_schedule, warpgroup_schedule
     from marlin_dsl.source import suspended_declarations
@@ -52,7 +52,11 @@ def kernels() -> Iterator[tuple[str, object, object]]:
                 for tname in ("metal", "cuda"):
                     for s in seeds:
                         yield _gemm_kernel(compile_gemm, TARGETS[tname], Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
-                if fname == "fp4_blockpattern":
+                if fname == "fp4_blockpattern":  # the weight stream that skips empty blocks
+                    for tile_m, k_warps in ((8, 8), (16, 8)):
+                        s = Schedule(f"skip_m{tile_m}", tile_m=tile_m, tile_n=32, tile_k=64, warps_m=1, warps_n=1,
+                                     pipeline=WeightStream(k_warps=k_warps, depth=2, skip_empty=True))
+                        yield _gemm_kernel(compile_gemm, TARGETS["cuda"], Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
                     continue
                 for m, k, n in ((1, 4096, 4096), (16, 4096, 14336), (16, 14336, 4096), (32, 4096, 4096),
                                 (64, 4096, 14336), (256, 4096, 4096), (2048, 4096, 4096)):

@@ -256,12 +256,18 @@ def marker_launch():
 
 
 def drive(cands: list[dict], args) -> None:
-    """Under ncu: each subject warmed, then launched once between two marker kernels."""
+    """Under ncu: every subject of `subjects` (drive_subjects)."""
+    drive_subjects(subjects(cands, args), Path(args.labels))
+
+
+def drive_subjects(pairs, labels_path: Path) -> None:
+    """Under ncu: each (label, launch) warmed, then launched once between two marker kernels;
+    the labels, in order, to `labels_path` (ncu_profile.parse pairs them with the segments)."""
     import mlx.core as mx
 
     marker = marker_launch()
     labels = []
-    for label, launch in subjects(cands, args):
+    for label, launch in pairs:
         for _ in range(2):
             mx.eval(launch())
         mx.synchronize()
@@ -270,7 +276,7 @@ def drive(cands: list[dict], args) -> None:
         mx.synchronize()
         marker()
         labels.append(label)
-    Path(args.labels).write_text(json.dumps(labels))
+    labels_path.write_text(json.dumps(labels))
 
 
 def ncu_command(args) -> list[str]:

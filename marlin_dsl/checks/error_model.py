@@ -167,7 +167,9 @@ def slope_weights(ref: np.ndarray, variance: np.ndarray) -> np.ndarray:
     squares, sum(e * ref) / sum(ref**2), lets the largest outputs' noise dominate; weighting
     by 1 / var makes every element count alike, about sqrt(3) less noise for normal data."""
     floor = np.square(2.0 ** -24 * ref) + 1e-300  # f32's own rounding: var is never 0
-    return 1.0 / (variance + floor)
+    # An element whose reference is exactly 0 (a column of zero weights: block-sparse
+    # formats) says nothing about the slope; its weight would be 1e300 and overflow the sums.
+    return np.divide(1.0, variance + floor, out=np.zeros_like(ref, dtype=np.float64), where=ref != 0)
 
 
 def bias_of(diff: np.ndarray, ref: np.ndarray, variance: np.ndarray) -> float:

@@ -50,7 +50,24 @@ def sample_weights(fmt: Format, k: int, n: int, rng: np.random.Generator) -> np.
         first_block = rng.random((k, -(-n // sp.block_n))) < 0.5
         mask = np.repeat(first_block, sp.block_n, axis=1)[:, :n] & empty_rows[:, None]
         w[mask] = 0.0
+        # whole runs of 8 pattern rows zero in some blocks (what a skipping kernel leaves out),
+        # the first block zero throughout, the last block's runs all kept (never all zeros)
+        runs = clustered_mask(k, n, rng, 8 * sp.block_k, sp.block_n, keep=0.6, empty_block=True)
+        runs[:, (-(-n // sp.block_n) - 1) * sp.block_n:] = False
+        w[runs] = 0.0
     return w
+
+
+def clustered_mask(k: int, n: int, rng: np.random.Generator, run_k: int, block_n: int, keep: float,
+                   empty_block: bool = False) -> np.ndarray:
+    """bool [K, N], True where a weight is zero: aligned runs of `run_k` K positions x
+    `block_n` columns zeroed with probability 1 - keep (clustered sparsity: pruned channel
+    groups), and with `empty_block` the first column block zero over all of K."""
+    runs, blocks = -(-k // run_k), -(-n // block_n)
+    zero = rng.random((runs, blocks)) >= keep
+    if empty_block and blocks > 1:
+        zero[:, 0] = True
+    return np.repeat(np.repeat(zero, run_k, axis=0), block_n, axis=1)[:k, :n]
 
 
 def format_weights(fmt: Format, k: int, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -18,6 +18,7 @@ from .staged import DoubleBufferedLowering, FusedDequantLowering, StripedLowerin
 from .warpgroup import WarpgroupLowering
 from .warpgroup_roles import WarpgroupRolesLowering
 from .weight_stream import WeightStreamLowering
+from .weight_stream_skip import WeightStreamSkipLowering
 
 
 class Lowering(Protocol):
@@ -29,7 +30,8 @@ LOWERINGS: dict[str, Callable[[GemmContext], Lowering]] = {
     "double_buffered": DoubleBufferedLowering,
     "fused_dequant": FusedDequantLowering,
     "striped": StripedLowering,
-    "weight_stream": WeightStreamLowering,
+    # skipping empty blocks: the same step over each block's stored vectors (weight_stream_skip.py)
+    "weight_stream": lambda ctx: (WeightStreamSkipLowering if ctx.pipeline.skip_empty else WeightStreamLowering)(ctx),
     "multistage": MultistageLowering,
     # with producer warpgroups the warps specialise (warpgroup_roles.py)
     "warpgroup": lambda ctx: (WarpgroupRolesLowering if ctx.pipeline.producers else WarpgroupLowering)(ctx),

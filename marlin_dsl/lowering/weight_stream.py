@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..ir import F32, Kernel, SharedArray, Value
+from ..ir import F32, BufferParam, Kernel, SharedArray, Value
 from .parts.context import GemmContext
 from .parts.epilogues import KWarpReduce
 from .parts.ring_fetch import RingFetch
@@ -53,11 +53,15 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         wn, wk = self.stream_setup(("lane", "warp"), "wk", "nt", clamp=False)
         self.setup_fetch(s.tile_k // self.layout.dense_chunk)  # vectors per step
         depth, unroll, kw = p.depth, p.unroll, p.k_warps  # steps in flight; steps per iteration
+        first_step, end = self.step_range(wk, wn)  # this warp's steps: first_step, + kw, .. < end
         if p.stages:  # weight words through the shared ring, stages - 1 steps ahead
             self.setup_ring(p.stages)
             for d in range(p.stages - 1):
                 self.issue_ring(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk"))
-        sets = [self.fetch(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk")) for d in range(depth)]
+        sets: list[list[Value]] = []
+        for d in range(depth):  # each fetch may read what the one before it fetched (`previous`)
+            sets.append(self.fetch(first_step if d == 0 else self.op2("add", first_step, d * kw, hint="pk"),
+                                   previous=sets[-1] if sets else None))
         first = [v for fetched in sets for v in fetched]
         per_set = len(sets[0])
         # With x_ahead: the first step's B fragments, then each step loads the next one's.
@@ -67,7 +71,7 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         def one_step(kv: Value, carried_fetch: list[Value], carried_x: list[Value], carried_accs: list[Value],
                      ahead_in_range: bool, next_in_range: bool) -> tuple[list[Value], list[Value], list[Value]]:
             ahead = self.op2("add", kv, depth * kw, hint="nx")
-            prefetched = self.fetch(ahead, clamp=not ahead_in_range)
+            prefetched = self.fetch(ahead, clamp=not ahead_in_range, previous=carried_fetch[-per_set:])
             next_x = self.load_b_fragments(self.op2("add", kv, kw, hint="nx"), clamp=not next_in_range) \
                 if p.x_ahead else []
             words = []
@@ -91,7 +95,7 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         carried = [("pf", first), *([("xb", first_x)] if p.x_ahead else []), ("acc", accs)]
         if unroll > 1:
             # This warp's steps wk, wk + k_warps, .. < KS: `unroll` at a time, then the rest.
-            steps = self.ceil_div(self.op2("sub", self.op2("max", self.KS, wk, hint="ns"), wk, hint="ns"), kw)
+            steps = self.ceil_div(self.op2("sub", self.op2("max", end, wk, hint="ns"), wk, hint="ns"), kw)
             whole = self.op2("mul", self.op2("div", steps, unroll, hint="ns"), unroll * kw, hint="ns")
             split = self.op2("add", wk, whole, hint="ke")
             results = self.carried_for(wk, split, unroll * kw, carried, body(unroll), iv_hint="kv", hint="pre")
@@ -100,18 +104,31 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
                        ("acc", results[nx:])]
             wk_rest = split
         else:
-            wk_rest = wk
-        results = self.carried_for(wk_rest, self.KS, kw, carried, body(1), iv_hint="kv", hint="fin")
+            wk_rest = first_step
+        results = self.carried_for(wk_rest, end, kw, carried, body(1), iv_hint="kv", hint="fin")
         if p.stages:  # the copies past the warp's last step: none in flight beyond the loop
             self.b.op("async_wait", attrs={"pending": 0})
         self.reduce_and_store(results[len(first) + len(first_x):], wk, wn,
                               self.pairs.rebias if self.rebias_at_end else 1.0)
         return gemm_kernel(
-            self.ctx, buffers=gemm_buffers(self.ctx), tables=self.stream_tables(),
+            self.ctx, buffers=gemm_buffers(self.ctx, self.extra_buffers()), tables=self.stream_tables(),
             shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m), *self.ring_arrays],
-            attrs={"k_warps": p.k_warps, "weight_layout": layout_name(self.target)},
+            attrs={"k_warps": p.k_warps, "weight_layout": self.weight_layout()},
             memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)"
                    + (" and the weight ring (warps x stages x a step's words)" if p.stages else ""))
+
+    def step_range(self, wk: Value, wn: Value) -> tuple[Value, Value]:
+        """(first step, end) of this warp's steps, k_warps apart: K warp wk's of the KS steps
+        (a skipping kernel: of its block's stored vectors)."""
+        return wk, self.KS
+
+    def extra_buffers(self) -> list[BufferParam]:
+        """Buffers beyond the format's that the kernel reads (a skipping kernel's tables)."""
+        return []
+
+    def weight_layout(self) -> str:
+        """The physical weight layout the kernel reads (chosen at pack time)."""
+        return layout_name(self.target)
 
     def tiles_per_group(self) -> int:
         """K tiles of a vector that lie in one scale group: groups smaller than a vector that

@@ -96,6 +96,10 @@ class Target:
     #: physical weight layouts (other than the format's own) that the target's kernels read;
     #: the first is its weight-stream layout (`layouts/weight_stream.py`, from `lane_tables`)
     weight_layouts: tuple[str, ...] = ()
+    #: the weight stream's block-skipping layout (`layouts/block_skip.py`: empty vectors of
+    #: each block not stored, a kernel loop over the stored ones); None: the target's stream
+    #: reads every vector
+    skip_layout: str | None = None
     #: the most elements one vector value (a `vload`) may have; None: no limit below the
     #: lowering's own
     max_vector_elems: int | None = None

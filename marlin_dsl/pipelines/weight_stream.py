@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from ..errors import ScheduleError
 from ..formats import Format
+from ..layouts.block_skip import skip_layout
 from ..layouts.weight_stream import VECTOR_WORDS, stream_layout
 from ..machine.target import Target
 from .base import ScheduleShape, register_pipeline, require_positive
@@ -99,6 +100,12 @@ class WeightStream:
     #: at M <= 16, whose B fragments are 16-32 two-element loads a step, the stall on them
     #: bounded the kernel (bench/results/issue33_h200_2026-11-28).
     x_ahead: int = 0
+    #: Skip the empty blocks of a format with block patterns (seed 003): the target's
+    #: skipping layout (`layouts/block_skip.py`) stores per block of the format's block_n rows
+    #: only the K vectors that hold a non-zero, and each warp (its tile_n / warps_n rows lie
+    #: in one block: a divisor of block_n) loops over its block's stored vectors
+    #: (lowering/weight_stream_skip.py).
+    skip_empty: bool = False
     kind: Literal["weight_stream"] = "weight_stream"
     #: Its epilogue writes Y's columns as several outputs (`Gemm.outputs`; KWarpReduce).
     splits_outputs: ClassVar[bool] = True
@@ -114,6 +121,9 @@ class WeightStream:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream x_ahead must be 0 (activations "
                                 f"loaded in the step that reads them) or 1 (a step ahead), got {self.x_ahead!r}",
                                 schedule.location)
+        if not isinstance(self.skip_empty, bool):
+            raise ScheduleError(f"schedule {schedule.name!r}: weight_stream skip_empty must be True or "
+                                f"False, got {self.skip_empty!r}", schedule.location)
         if schedule.warps_m != 1:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream splits N and K among "
                                 f"warps, not M: warps_m must be 1, got {schedule.warps_m}", schedule.location)
@@ -123,6 +133,8 @@ class WeightStream:
         return schedule.warps_m * schedule.warps_n * self.k_warps
 
     def check(self, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
+        if self.skip_empty:  # first: whether the target and format can skip at all
+            check_skip(self, schedule, fmt, target)
         check_stream(schedule, self.kind, fmt, target, vectors=True, scatter=True)
         if self.stages and target.async_copy_bytes < 4 * VECTOR_WORDS:
             raise ScheduleError(
@@ -131,4 +143,32 @@ class WeightStream:
                 f"{4 * VECTOR_WORDS} bytes (Target.async_copy_bytes): set stages=0", schedule.location)
 
 
-__all__ = ["WeightStream", "check_stream"]
+def check_skip(p: WeightStream, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
+    """What skipping empty blocks asks: the target's skipping layout for the format, each
+    warp's N rows in one block, one vector per step (a stored vector's K is read from a table, per step), scale
+    groups of whole vectors, and none of the options that load ahead by K position."""
+    where, name = schedule.location, schedule.name
+    layout = skip_layout(fmt, target, where)
+    rows = schedule.tile_n // schedule.warps_n
+    if layout.block_rows % rows:
+        raise ScheduleError(
+            f"schedule {name!r}: weight_stream skip_empty gives each warp N rows of one block of "
+            f"format {fmt.name!r} ({layout.block_rows} N rows): tile_n / warps_n is {rows}, which "
+            f"does not divide {layout.block_rows}", where)
+    if schedule.tile_k != layout.stream.dense_chunk:
+        raise ScheduleError(
+            f"schedule {name!r}: weight_stream skip_empty steps one stored vector at a time: set "
+            f"tile_k={layout.stream.dense_chunk}, not {schedule.tile_k}", where)
+    g = fmt.scale.group_size
+    if g == "K" or int(g) % layout.stream.dense_chunk:
+        raise ScheduleError(
+            f"schedule {name!r}: weight_stream skip_empty needs scale groups of whole vectors "
+            f"({layout.stream.dense_chunk} K); format {fmt.name!r} has group_size {g}", where)
+    for field, value in (("stages", p.stages), ("unroll", p.unroll - 1), ("x_ahead", p.x_ahead)):
+        if value:
+            raise ScheduleError(
+                f"schedule {name!r}: weight_stream skip_empty does not take {field}="
+                f"{getattr(p, field)} (its steps are the stored vectors, known one fetch ahead)", where)
+
+
+__all__ = ["WeightStream", "check_skip", "check_stream"]

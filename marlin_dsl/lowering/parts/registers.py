@@ -45,11 +45,13 @@ class RegisterFetch(GemmParts):
         kv0 = self.op2("mul", ks, self.vectors, hint="kv")
         return [kv0] + [self.op2("add", kv0, v, hint="kv") for v in range(1, self.vectors)]
 
-    def fetch(self, ks: Value, clamp: bool = True) -> list[Value]:
+    def fetch(self, ks: Value, clamp: bool = True, previous: list[Value] | None = None) -> list[Value]:
         """What step ks reads from device memory before it computes: every vector's and N
         tile's weight words (and sparse metadata), then (when prefetched) each tile's scales
         and zero points per row offset, once: a step lies in one group. With clamped loads,
-        `clamp` reads step min(ks, KS - 1) (False: ks < KS is known)."""
+        `clamp` reads step min(ks, KS - 1) (False: ks < KS is known). `previous`: what the
+        fetch of step ks - k_warps returned (unused here; a skipping stream reads its step's
+        K from it)."""
         if self.clamped and clamp:
             ks = self.op2("min", ks, self.last_step, hint="kc")
         kvs = self.step_vectors(ks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...errors import ScheduleError
 from ...formats import Format
+from ...formats.encodings import IntEncoding
 from ...layouts.weight_stream import stream_layout
 from ...machine.cuda import CUDA
 from ...machine.target import Target
@@ -55,10 +56,13 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
         # warp (each B fragment used twice), 8 warps and x_ahead take 18.9 / 52.9 / 54.6 us
         # (run 2) to 12.4 / 34.1 / 26.6 (run 3; the one-tile 16-row kernels ran at 72-96
         # registers in 512-thread blocks). int4 2:4 (72 registers) measured the same M = 16
-        # schedule best; at M = 1 it ran 1.1-1.2x faster with 8 K warps than 16 on 4096^2
-        # and 14336 x 4096 (run 3), not applied: one run, one format.
+        # schedule best; at M = 1 integer codes ran faster with 8 K warps than 16 on 4096^2
+        # and 14336 x 4096 in two runs (run 3: 7.6 / 14.9 us against 8.9 / 16.2; run 4: 7.6 /
+        # 15.5 against 8.8 / 16.2), float codes slower (fp4 2:4, run 4: 8.1 / 16.1 against
+        # 7.7 / 14.1), so integer encodings take 8 K warps at M <= 8.
         if m <= 8:
-            return make("stream_m8_sparse", 8, k_warps, depth=2, x_ahead=1)
+            sparse_k_warps = 8 if isinstance(fmt.element, IntEncoding) else k_warps
+            return make("stream_m8_sparse", 8, sparse_k_warps, depth=2, x_ahead=1)
         return make("stream_m16_sparse", 8, 8, depth=2, n_tiles=2, x_ahead=1)
     if m <= 8:
         return make("stream_m8", 8, k_warps, depth=2, tile_k=pair_k)
