@@ -110,9 +110,9 @@ def subjects(args):  # noqa: ANN201
             x64, xbf64 = x[:rows].astype(np.float64), x_bf[:rows].float().cpu().numpy().astype(np.float64)
             base = {"K": k, "N": n, "M": m}
             cases = {
-                "torch_fp16": (lambda x_t=x_t: F.linear(x_t, w_t), x64 @ w.astype(np.float64).T),
-                "torch_cusparselt_2of4": (lambda x_sp=x_sp: F.linear(x_sp, s_t), x64 @ w_sparse.astype(np.float64).T),
-                "torch_tinygemm_int4": (lambda x_bf=x_bf: torch._weight_int4pack_mm(x_bf, packed, TINYGEMM_GROUP, sz),
+                "torch_fp16": (lambda x_t=x_t, w_t=w_t: F.linear(x_t, w_t), x64 @ w.astype(np.float64).T),
+                "torch_cusparselt_2of4": (lambda x_sp=x_sp, s_t=s_t: F.linear(x_sp, s_t), x64 @ w_sparse.astype(np.float64).T),
+                "torch_tinygemm_int4": (lambda x_bf=x_bf, packed=packed, sz=sz: torch._weight_int4pack_mm(x_bf, packed, TINYGEMM_GROUP, sz),
                                         xbf64 @ w_int4.T),
             }
             for subject, (launch, ref) in cases.items():

@@ -433,3 +433,49 @@ def test_sparse_decode_fixed_part() -> None:
     dense = [now[(_sweep_name("fp4", 1, k, n), 1, k, n)] for k, n in SHAPES]
     assert " / ".join(f"{v:.2f}" for v in ideal) + " us" in text
     assert " / ".join(f"{d / v:.2f}x" for d, v in zip(dense, ideal)) + " dense" in text
+
+
+def test_block_skip_round() -> None:
+    """Issue 33: the block-skipping table in the results README is bench/block_skip_gpu.py's
+    table of run 7's rows, run 7's kernels are what a dry run builds today (same digests), and
+    the ranges bench/README.md quotes come from runs 6 and 7."""
+    import importlib.util
+
+    from marlin_dsl.targets.cuda.source import CudaSource
+
+    spec = importlib.util.spec_from_file_location("block_skip_gpu", ROOT / "bench" / "block_skip_gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    base = "issue33_h200_2026-11-28"
+    run7 = _load(f"{base}/run7_block_skip_depth/block_skip.json")
+    results = (RESULTS / base / "README.md").read_text()
+    for line in bench.table(run7["rows"]).splitlines():
+        assert line in results, line
+    assert all(c["ok"] for c in run7["checks"]) and "ERROR SUMMARY: 0 errors" in (
+        RESULTS / base / "run7_block_skip_depth" / "memcheck.log").read_text()
+    cands = bench.kernels_for(bench.ints("1,16"), bench.parse_shapes(bench.SHAPES))
+    assert sorted(c["name"] for c in cands) == sorted(run7["digests"])
+    from marlin_dsl import CUDA
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
+    from marlin_dsl.targets.cuda.printer import print_cuda
+    for c in cands:
+        if c["format"] != "fp4_blockpattern":
+            continue
+        kernel = compile_gemm(c["gemm"], CUDA).kernel
+        assert print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel)).digest == run7["digests"][c["name"]], c["name"]
+    ratios: dict[str, list[float]] = {}
+    for run in ("run6_block_skip", "run7_block_skip_depth"):
+        rows = _load(f"{base}/{run}/block_skip.json")["rows"]
+        for key in {(r["K"], r["N"], r["M"], r["sparsity"]) for r in rows if r["subject"] == "fp4"}:
+            mine = [r for r in rows if (r["K"], r["N"], r["M"], r.get("sparsity")) == key]
+            dense = next(r for r in mine if r["subject"] == "fp4")["time_ns"]
+            best = min(r["time_ns"] for r in mine if r["subject"] == "fp4_blockpattern")
+            kind = "none" if key[3] in ("random50", "blocks8_50") else f"{key[3]}:{run}"
+            ratios.setdefault(kind, []).append(dense / best)
+    text = " ".join(BENCH_README.split())
+    for kind, words in (("clustered75:run7_block_skip_depth", "{}x dense fp4 at 75% clustered"),
+                        ("clustered50:run7_block_skip_depth", "{}x at 50% clustered"),
+                        ("none", "{}x where nothing is skipped")):
+        lo, hi = min(ratios[kind]), max(ratios[kind])
+        assert words.format(f"{lo:.2f}-{hi:.2f}") in text, (kind, lo, hi)
