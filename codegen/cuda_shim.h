@@ -18,8 +18,8 @@
 //     cuda_shim_ptx.h defines them from the PTX ISA. lop3 takes the prelude's own C branch
 //     (no __CUDA_ARCH__). Kernels whose body holds inline asm (wgmma, the async-proxy fence:
 //     the warpgroup pipeline, sm_90a) are refused by the Python driver before compiling.
-//   - __global__, __device__, __host__ expand to nothing, __forceinline__ to inline,
-//     __align__(n) to the aligned attribute, __restrict__ to __restrict.
+//   - __global__, __device__, __host__ and __launch_bounds__(...) expand to nothing,
+//     __forceinline__ to inline, __align__(n) to the aligned attribute, __restrict__ to __restrict.
 //   - __shared__ expands to thread_local (and `used`, so that g++ does not fold reads of an
 //     array the kernel never writes to zeros): a block-scope thread_local array has static storage
 //     (one per OS thread, and every fiber of a block runs on the launching thread, so the
@@ -54,6 +54,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)  // a register limit for ptxas: nothing to do on the CPU
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ thread_local __attribute__((used))  // used: never folded as never written

@@ -228,3 +228,43 @@ def test_error_model_takes_zero_columns() -> None:
     bad = y.copy()
     bad[:, 32:] *= 1.01  # a 1% slope on the columns that are not zero
     assert not compare(bad, ref, x, w, "f16").ok
+
+
+def test_blocks_above_512_threads_are_register_bounded() -> None:
+    """A 1024-thread stream (32 K warps) compiled to 70 registers a thread and did not launch
+    on the H200 (run 5b: MLX left the poisoned output). Above 512 threads the kernel is
+    printed with `__launch_bounds__(threads, 1)` and launched precompiled (MLX's cuda_kernel
+    writes its own signature, without it); ptxas then keeps it to 64 registers. The CPU
+    harness runs the bounded text."""
+    import re
+    import tempfile
+
+    from marlin_dsl.targets.cuda.cpu_harness import cuda_cpu_executor, find_compiler
+    from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
+    from marlin_dsl.targets.cuda.launch_precompiled import launch_path
+    from marlin_dsl.targets.cuda.nvcc import NVCC_FLAGS, find_nvcc, nvcc_check
+    from marlin_dsl.targets.cuda.printer import print_cuda
+
+    gemm = Gemm("skip_kw32", FP4_BLOCKS, skip_schedule(k_warps=32), "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    src = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
+    assert kernel.threads == 1024 and "__launch_bounds__(1024, 1)" in src.full_source()
+    assert launch_path(src) == "precompiled"
+    small = compile_gemm(Gemm("skip_kw16", FP4_BLOCKS, skip_schedule(k_warps=16), "f16"), CUDA).kernel
+    small_src = print_cuda(small, inout_inputs=gemm_inout_inputs(small))
+    assert "__launch_bounds__" not in small_src.full_source() and launch_path(small_src) == "cuda_kernel"
+    if find_nvcc() is not None:
+        res = nvcc_check([src], archs=["sm_90"], flags=NVCC_FLAGS + ("--resource-usage",),
+                         cache_dir=tempfile.mkdtemp())[0]
+        assert res.ok, res.log
+        used = [int(n) for n in re.findall(r"Used (\d+) registers", res.log)]
+        assert used and max(used) <= 64, res.log
+    if find_compiler() is not None:
+        rng = np.random.default_rng(32)
+        packed = md.pack(FP4_BLOCKS, sparse_weights(2048, 40, rng, "clustered50"))
+        x = rng.standard_normal((3, 2048))
+        buffers, scalars = gemm_buffers(kernel, packed, x)
+        out = cuda_cpu_executor(seed=1)(kernel, buffers, scalars)
+        y = read_output(out, 3, 40).astype(np.float64)
+        res = check_output(gemm, y, buffers["x"].astype(np.float64).reshape(3, -1), packed)
+        assert res.untouched == 0 and res.ok, res

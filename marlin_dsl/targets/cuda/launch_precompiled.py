@@ -18,7 +18,8 @@ is dynamic shared memory, opted in with CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZ
 to False there and True in `cuda_kernel`: we pass True, so both paths see the same inputs.
 
 Which path a kernel takes (`launch_path`): an architecture-specific `cuda_arch` (suffix "a" or
-"f") always launches precompiled; every other kernel goes through `cuda_kernel` unless
+"f") or a `launch_bounds` attribute (the printer's `__launch_bounds__`, which only our own
+signature carries) always launches precompiled; every other kernel goes through `cuda_kernel` unless
 $MARLIN_DSL_CUDA_LAUNCH=precompiled selects this path for all (to compare host costs). The
 variable is read when a kernel is bound to MLX, once per kernel and process (layers share
 their kernels), so set it before the first launch.
@@ -51,9 +52,10 @@ def arch_specific(arch: str | None) -> bool:
 
 
 def launch_path(source: CudaSource) -> str:
-    """"precompiled" for a kernel that needs an architecture-specific target, else
+    """"precompiled" for a kernel that needs an architecture-specific target or
+    `__launch_bounds__` (MLX's `cuda_kernel` writes the signature itself, without it), else
     $MARLIN_DSL_CUDA_LAUNCH (default "cuda_kernel")."""
-    if arch_specific(source.attrs.get("cuda_arch")):
+    if arch_specific(source.attrs.get("cuda_arch")) or source.attrs.get("launch_bounds"):
         return "precompiled"
     path = os.environ.get("MARLIN_DSL_CUDA_LAUNCH", "").strip().lower() or "cuda_kernel"
     if path not in LAUNCH_PATHS:

@@ -17,7 +17,7 @@ from ...errors import CompileError
 from ...ir.core import Block, Kernel, Op
 from ...machine.cuda import CUDA
 
-__all__ = ["SYNC_EMITTERS", "SyncEmitters", "base_registers", "launch_bounds", "role_registers"]
+__all__ = ["BOUNDED_THREADS", "SYNC_EMITTERS", "SyncEmitters", "base_registers", "launch_bounds", "role_registers"]
 
 #: registers of a block (sm_90: the register file of one SM)
 REGISTER_FILE = CUDA.registers_per_block
@@ -37,11 +37,20 @@ def role_registers(k: Kernel) -> tuple[int, ...] | None:
     return None
 
 
+#: blocks above this many threads are printed with `__launch_bounds__` (`launch_bounds`)
+BOUNDED_THREADS = 512
+
+
 def launch_bounds(k: Kernel) -> int | None:
     """The `__launch_bounds__` thread count the kernel is printed with (None: none): a kernel
     with warp roles, so that ptxas keeps every role within the block's share of registers
-    (without it ptxas gave a 384-thread warpgroup kernel 196 registers, which cannot launch)."""
-    return k.threads if any(op.name == "warp_roles" for op in k.body.ops) else None
+    (without it ptxas gave a 384-thread warpgroup kernel 196 registers, which cannot launch),
+    and a block of more than BOUNDED_THREADS threads, whose share is 64 to 85 registers a
+    thread: a 1024-thread weight stream compiled to 70 registers and did not launch on the
+    H200 (bench/results/issue33_h200_2026-11-28/run5b_kv_ahead). Such kernels launch through
+    the precompiled path (`launch_precompiled.launch_path`), where the signature is ours."""
+    roles = any(op.name == "warp_roles" for op in k.body.ops)
+    return k.threads if roles or k.threads > BOUNDED_THREADS else None
 
 
 class SyncEmitters:
