@@ -235,9 +235,37 @@ def time_with_ncu(args) -> list[dict]:
                  extra=list(EXTRA_METRICS))
 
 
-def table(rows: list[dict]) -> str:
+def predicted_mb(rows: list[dict]) -> dict[tuple[str, int, int, float], float]:
+    """The cost model's device bytes (MB) of each timed (kernel, K, N, stored) row: the
+    weight-side storage per weight as the kernel reads it (`kernel_storage`: a skipping
+    kernel's `stored` share of the stream, its vec_k) x K x N, plus the activations once."""
+    from marlin_dsl import CUDA
+    from marlin_dsl.compiler import compile_gemm
+    from marlin_dsl.cost.model import kernel_storage
+
+    timed = [r for r in rows if r["subject"] != "copy"]
+    ms = sorted({r["M"] for r in timed})
+    shapes = sorted({(r["K"], r["N"]) for r in timed})
+    gemms = {c["name"]: c["gemm"] for c in kernels_for(ms, shapes)}
+    kernels: dict[str, object] = {}
+    out = {}
+    for r in timed:
+        name, stored = r["kernel"], (r["stored"] if r["subject"] == "fp4_blockpattern" else 1.0)
+        if name not in gemms:
+            continue
+        if name not in kernels:
+            kernels[name] = compile_gemm(gemms[name], CUDA).kernel
+        weight_side = sum(v for b, v in kernel_storage(kernels[name], gemms[name].format, stored).items() if b != "x")
+        out[name, r["K"], r["N"], stored] = (weight_side * r["K"] * r["N"] + r["M"] * r["K"] * 2) / 1e6
+    return out
+
+
+def table(rows: list[dict], predicted: dict | None = None) -> str:
+    """Per shape, M and sparsity: dense fp4 and the best skipping kernel; with `predicted`
+    (`predicted_mb`), each one's cost-model MB beside the DRAM MB ncu measured."""
     lines = [f"{'K x N':12} {'M':>3} {'sparsity':12} {'stored':>6} {'dense us':>8} {'skip us':>8} "
-             f"{'best skip':22} {'dense/skip':>10} {'copy us':>8}"]
+             f"{'best skip':22} {'dense/skip':>10} {'copy us':>8}"
+             + (f" {'dense MB pred/dram':>18} {'skip MB pred/dram':>17}" if predicted is not None else "")]
     copy = {(r["K"], r["N"], r["M"]): r["time_ns"] for r in rows if r["subject"] == "copy"}
     keys = sorted({(r["K"], r["N"], r["M"], r["sparsity"]) for r in rows if r["subject"] != "copy"})
     for k, n, m, kind in keys:
@@ -247,9 +275,14 @@ def table(rows: list[dict]) -> str:
         if dense is None or not skips:
             continue
         best = min(skips, key=lambda r: r["time_ns"])
-        lines.append(f"{f'{k}x{n}':12} {m:3d} {kind:12} {best['stored']:6.3f} {dense['time_ns'] / 1e3:8.1f} "
-                     f"{best['time_ns'] / 1e3:8.1f} {best['kernel']:22} {dense['time_ns'] / best['time_ns']:10.2f} "
-                     f"{copy.get((k, n, m), float('nan')) / 1e3:8.1f}")
+        line = (f"{f'{k}x{n}':12} {m:3d} {kind:12} {best['stored']:6.3f} {dense['time_ns'] / 1e3:8.1f} "
+                f"{best['time_ns'] / 1e3:8.1f} {best['kernel']:22} {dense['time_ns'] / best['time_ns']:10.2f} "
+                f"{copy.get((k, n, m), float('nan')) / 1e3:8.1f}")
+        if predicted is not None:
+            pd, ps = predicted[dense["kernel"], k, n, 1.0], predicted[best["kernel"], k, n, best["stored"]]
+            dd, ds = dense["dram_read_bytes"] / 1e6, best["dram_read_bytes"] / 1e6
+            line += f" {f'{pd:.2f}/{dd:.2f}':>18} {f'{ps:.2f}/{ds:.2f}':>17}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -298,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "block_skip.json").write_text(json.dumps({
         "device": device_name(), "commit": git_commit(ROOT), "checks": checks, "rows": rows,
         "digests": {c["name"]: c["source"].digest for c in cands}}, indent=1))
-    print(table(rows))
+    print(table(rows, predicted_mb(rows)))
     return 0 if all(r["ok"] for r in checks) else 1
 
 

@@ -268,3 +268,22 @@ def test_blocks_above_512_threads_are_register_bounded() -> None:
         y = read_output(out, 3, 40).astype(np.float64)
         res = check_output(gemm, y, buffers["x"].astype(np.float64).reshape(3, -1), packed)
         assert res.untouched == 0 and res.ok, res
+
+
+def test_cost_model_counts_the_stored_share() -> None:
+    """The cost model reads a skipping kernel's bytes at the stored share of the stream (and
+    one vec_k entry per stored vector); the same kernel at share 1 costs what the dense stream
+    reads plus the table. On the H200 its bytes matched ncu's DRAM bytes within 0.1% where
+    nothing was skipped (bench/results/issue33_h200_2026-11-28, run 7)."""
+    from marlin_dsl.cost.model import kernel_storage
+
+    fmt = md.builtin_format("fp4_blockpattern")
+    skip = compile_gemm(Gemm("skip", fmt, skip_schedule(rows=16), "f16"), CUDA).kernel
+    dense = compile_gemm(Gemm("dense", fmt, dataclasses.replace(
+        skip_schedule(rows=16), pipeline=WeightStream(k_warps=4, depth=2)), "f16"), CUDA).kernel
+    full, half = kernel_storage(skip, fmt, 1.0), kernel_storage(skip, fmt, 0.5)
+    plain = kernel_storage(dense, fmt)
+    assert "patterns" not in full and "patterns" not in plain  # neither kernel reads them
+    assert full["qweight"] == plain["qweight"] and half["qweight"] == plain["qweight"] / 2
+    assert full["vec_k"] == pytest.approx(4 / (64 * 32)) and half["vec_k"] == full["vec_k"] / 2
+    assert half["scales"] == full["scales"] == plain["scales"]

@@ -437,7 +437,7 @@ def test_sparse_decode_fixed_part() -> None:
 
 def test_block_skip_round() -> None:
     """Issue 33: the block-skipping table in the results README is bench/block_skip_gpu.py's
-    table of run 7's rows, run 7's kernels are what a dry run builds today (same digests), and
+    table of run 7's rows (with the cost model's bytes), run 7's kernels are what a dry run builds today (same digests), and
     the ranges bench/README.md quotes come from runs 6 and 7."""
     import importlib.util
 
@@ -449,7 +449,7 @@ def test_block_skip_round() -> None:
     base = "issue33_h200_2026-11-28"
     run7 = _load(f"{base}/run7_block_skip_depth/block_skip.json")
     results = (RESULTS / base / "README.md").read_text()
-    for line in bench.table(run7["rows"]).splitlines():
+    for line in bench.table(run7["rows"], bench.predicted_mb(run7["rows"])).splitlines():
         assert line in results, line
     assert all(c["ok"] for c in run7["checks"]) and "ERROR SUMMARY: 0 errors" in (
         RESULTS / base / "run7_block_skip_depth" / "memcheck.log").read_text()

@@ -22,6 +22,7 @@ from math import lcm
 
 from ..formats import PER_COLUMN, Format
 from ..ir.core import Kernel
+from ..layouts.block_skip import skip_layout
 from ..layouts.weight_stream import stream_layout
 from ..machine.target import TARGETS
 from ..schedule import Gemm
@@ -52,18 +53,28 @@ def storage_per_weight(fmt: Format) -> dict[str, float]:
     return {b.name: b.nbytes / (k * n) for b in fmt.buffers(k, n)}
 
 
-def kernel_storage(kernel: Kernel, fmt: Format) -> dict[str, float]:
+def kernel_storage(kernel: Kernel, fmt: Format, stored: float = 1.0) -> dict[str, float]:
     """`storage_per_weight` as the kernel reads it: qweight at the size of the physical layout
     the kernel reads (`attrs["weight_layout"]`: the weight stream's words, padded to whole
     vectors and N tiles, with the spare bits of code widths that do not divide 16), and
-    without the arrays no op of the kernel reads (a stream kernel ignores block patterns)."""
+    without the arrays no op of the kernel reads (a stream kernel ignores block patterns).
+    A kernel that reads the target's skipping layout (`layouts/block_skip.py`) reads the
+    `stored` share of the stream's words (known only with the weights: `stored_fraction`;
+    1.0 is the upper bound) and a 4-byte `vec_k` entry per stored vector; its scales are
+    counted whole (a group is read where any of its vectors is stored)."""
     storage = storage_per_weight(fmt)
     read = {str(op.attrs["buffer"]) for op in kernel.walk() if "buffer" in op.attrs}
     storage = {name: v for name, v in storage.items() if name in read}
-    if kernel.attrs.get("weight_layout") is not None and "qweight" in storage:
+    layout_name = kernel.attrs.get("weight_layout")
+    if layout_name is not None and "qweight" in storage:
         k, n = _storage_shape(fmt)
-        layout = stream_layout(fmt, TARGETS[str(kernel.attrs["target"])])
+        target = TARGETS[str(kernel.attrs["target"])]
+        layout = stream_layout(fmt, target)
         storage["qweight"] = layout.words(fmt.stored_k(k), n) * 4 / (k * n)
+        if layout_name == target.skip_layout:
+            skip = skip_layout(fmt, target)
+            storage["qweight"] *= stored
+            storage["vec_k"] = 4 * stored / (skip.stream.chunk * skip.block_rows)
     return storage
 
 
@@ -144,14 +155,14 @@ def cost_from_counts(kernel: Kernel, counts: LoopCounts, weights: int, steps: in
         per_iteration=dict(tally.counts), notes=list(counts.notes))
 
 
-def kernel_cost(kernel: Kernel, gemm: Gemm, m: int | None = None) -> KernelCost:
+def kernel_cost(kernel: Kernel, gemm: Gemm, m: int | None = None, stored: float = 1.0) -> KernelCost:
     """The cost model of `kernel`, compiled from `gemm`, per weight; activation bytes at M =
     `m` rows (default: the schedule's tile_m, capped at it: a threadgroup holds at most
-    tile_m rows)."""
+    tile_m rows); `stored`: a skipping kernel's share of stored vectors (`kernel_storage`)."""
     s = gemm.schedule
     weights, steps = iteration_shape(gemm)
     rows = s.tile_m if m is None else min(m, s.tile_m)
-    storage = kernel_storage(kernel, gemm.format)
+    storage = kernel_storage(kernel, gemm.format, stored)
     act_bytes = 2  # f16 and bf16 activations alike
     return cost_from_counts(kernel, count_loop(kernel), weights, steps, gemm_name=gemm.name,
                             m=rows, tile=(s.tile_m, s.tile_n, s.tile_k), storage=storage,
