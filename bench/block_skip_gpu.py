@@ -157,9 +157,7 @@ def check_on_gpu(cands: list[dict], args) -> list[dict]:
             packed = pack(builtin_format(fmt_name), w)
             w64, wk = dequantize(packed), kernel_weights(packed, "f16")
             mine = [c for c in cands if c["format"] == fmt_name]
-            weights = mine[0]["launcher"].weights(packed)
-            if fmt_name == "fp4_blockpattern":  # the skipping kernels share one layout
-                weights = [c for c in mine][0]["launcher"].weights(packed)
+            weights = mine[0]["launcher"].weights(packed)  # one physical layout per format here
             for c in mine:
                 for m in sorted({c["m"], 3}):
                     x = rng.standard_normal((m, k)).astype(np.float16)

@@ -1,10 +1,10 @@
-"""The weight stream's block-skipping layout (CUDA `lane_stream_skip`): seed 003's block
+"""The weight stream's block-skipping layout (the target's `skip_layout`: CUDA's `lane_stream_skip`): seed 003's block
 patterns turned into storage that a kernel does not read where a block is empty.
 
 The weight-stream layout (`weight_stream.py`) stores, per N tile of 16 rows, every K vector
 (one 128-bit load per lane: 64 K positions of 4-bit codes) in fragment order:
 qweight[n_tile][k_vector][lane][word]. Here the N tiles are grouped into *blocks* of the
-format's `block_n` rows (the seed's 32 rows a warp; a warp of a skipping kernel owns exactly
+format's `block_n` rows (the seed's 32 rows a warp; a warp of a skipping kernel owns rows of
 one block) and, per block, only the K vectors that hold a non-zero are stored:
 
     qweight[stored vector][block tile][lane][word]     (blocks one after another)
@@ -30,11 +30,6 @@ from ..formats import BlockPatternSparsity, Format
 from ..formats.tensors import PackedWeights
 from ..machine.target import Target
 from .weight_stream import StreamLayout, stream_arrays, stream_layout
-
-#: CUDA's name of the layout (`Target.skip_layout`), which its skipping kernels carry in
-#: `attrs["weight_layout"]`.
-SKIP_LAYOUT_NAME = "lane_stream_skip"
-
 
 @dataclass(frozen=True)
 class SkipLayout:
@@ -127,4 +122,4 @@ def stored_fraction(fmt: Format, target: Target, packed: PackedWeights) -> float
     return float(keep.mean())
 
 
-__all__ = ["SKIP_LAYOUT_NAME", "SkipLayout", "skip_arrays", "skip_layout", "stored_fraction"]
+__all__ = ["SkipLayout", "skip_arrays", "skip_layout", "stored_fraction"]

@@ -57,7 +57,7 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         if p.stages:  # weight words through the shared ring, stages - 1 steps ahead
             self.setup_ring(p.stages)
             for d in range(p.stages - 1):
-                self.issue_ring(wk if d == 0 else self.op2("add", wk, d * kw, hint="pk"))
+                self.issue_ring(first_step if d == 0 else self.op2("add", first_step, d * kw, hint="pk"))
         sets: list[list[Value]] = []
         for d in range(depth):  # each fetch may read what the one before it fetched (`previous`)
             sets.append(self.fetch(first_step if d == 0 else self.op2("add", first_step, d * kw, hint="pk"),
@@ -94,11 +94,12 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
 
         carried = [("pf", first), *([("xb", first_x)] if p.x_ahead else []), ("acc", accs)]
         if unroll > 1:
-            # This warp's steps wk, wk + k_warps, .. < KS: `unroll` at a time, then the rest.
-            steps = self.ceil_div(self.op2("sub", self.op2("max", end, wk, hint="ns"), wk, hint="ns"), kw)
+            # This warp's steps first_step, + k_warps, .. < end: `unroll` at a time, then the rest.
+            steps = self.ceil_div(self.op2("sub", self.op2("max", end, first_step, hint="ns"), first_step, hint="ns"), kw)
             whole = self.op2("mul", self.op2("div", steps, unroll, hint="ns"), unroll * kw, hint="ns")
-            split = self.op2("add", wk, whole, hint="ke")
-            results = self.carried_for(wk, split, unroll * kw, carried, body(unroll), iv_hint="kv", hint="pre")
+            split = self.op2("add", first_step, whole, hint="ke")
+            results = self.carried_for(first_step, split, unroll * kw, carried, body(unroll), iv_hint="kv",
+                                       hint="pre")
             nx = len(first) + len(first_x)
             carried = [("pf", results[:len(first)]), *([("xb", results[len(first):nx])] if p.x_ahead else []),
                        ("acc", results[nx:])]

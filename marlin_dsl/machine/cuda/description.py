@@ -59,7 +59,7 @@ CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_by
               metadata_tables=_METADATA_TABLES, shared_row_pad_bytes=16, async_copy_bytes=16,
               sparse_idle_metadata=0x44444444, sparse_activation_layout="cuda_mma_sp",
               weight_layouts=("lane_stream",),  # layouts/weight_stream.py LAYOUT_NAME
-              skip_layout="lane_stream_skip",  # layouts/block_skip.py SKIP_LAYOUT_NAME
+              skip_layout="lane_stream_skip",  # layouts/block_skip.py
               # sm_90a: wgmma.mma_async m64nNk16 (N = 8..256), B from shared memory in
               # 128-byte-swizzled rows (wgmma_layout.py, checked on an H100)
               warpgroup_mma=(64, 256, 16), warpgroup_warps=4,
