@@ -277,10 +277,25 @@ def table(rows: list[dict], predicted: dict | None = None) -> str:
                 f"{best['time_ns'] / 1e3:8.1f} {best['kernel']:22} {dense['time_ns'] / best['time_ns']:10.2f} "
                 f"{copy.get((k, n, m), float('nan')) / 1e3:8.1f}")
         if predicted is not None:
-            pd, ps = predicted[dense["kernel"], k, n, 1.0], predicted[best["kernel"], k, n, best["stored"]]
+            nan = float("nan")
+            pd, ps = predicted.get((dense["kernel"], k, n, 1.0), nan), predicted.get((best["kernel"], k, n, best["stored"]), nan)
             dd, ds = dense["dram_read_bytes"] / 1e6, best["dram_read_bytes"] / 1e6
             line += f" {f'{pd:.2f}/{dd:.2f}':>18} {f'{ps:.2f}/{ds:.2f}':>17}"
         lines.append(line)
+    return "\n".join(lines)
+
+
+def every_kernel(rows: list[dict]) -> str:
+    """Every timed kernel per shape, M and sparsity, fastest first, with ncu's occupancy,
+    registers and long-scoreboard stalls a issue (what a slower kernel waits on)."""
+    occ, regs, lsb = EXTRA_METRICS
+    lines = [f"{'K x N':12} {'M':>3} {'sparsity':12} {'kernel':34} {'us':>6} {'DRAM MB':>8} {'occ %':>6} {'regs':>5} {'lsb/issue':>9}"]
+    for r in sorted((r for r in rows if r["subject"] != "copy"),
+                    key=lambda r: (r["K"], r["N"], r["M"], r["sparsity"] or "", r["time_ns"])):
+        shape = f"{r['K']}x{r['N']}"
+        lines.append(f"{shape:12} {r['M']:3d} {r['sparsity']:12} {r['kernel']:34} "
+                     f"{r['time_ns'] / 1e3:6.1f} {r['dram_read_bytes'] / 1e6:8.2f} {r.get(occ, float('nan')):6.1f} "
+                     f"{r.get(regs, float('nan')):5.0f} {r.get(lsb, float('nan')):9.2f}")
     return "\n".join(lines)
 
 
@@ -329,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "block_skip.json").write_text(json.dumps({
         "device": device_name(), "commit": git_commit(ROOT), "checks": checks, "rows": rows,
         "digests": {c["name"]: c["source"].digest for c in cands}}, indent=1))
+    print(every_kernel(rows))
     print(table(rows, predicted_mb(rows)))
     return 0 if all(r["ok"] for r in checks) else 1
 

@@ -144,6 +144,22 @@ def test_skip_kernel_schedules(fmt: Format, rows: int, tile_m: int, warps_n: int
         assert res.untouched == 0 and res.ok, (m, n, k, res)
 
 
+@pytest.mark.parametrize("unroll,depth,k_warps", [(2, 2, 4), (2, 1, 8), (3, 2, 2), (4, 4, 2)])
+def test_unrolled_skip_kernel(unroll: int, depth: int, k_warps: int) -> None:
+    """`unroll` steps an iteration, then the block's remaining stored vectors in a second loop:
+    blocks whose counts are below, at and above unroll x k_warps (clustered 75%: 0-16 of 16
+    vectors; an empty block keeps one), and dense blocks."""
+    gemm = Gemm("skip_unrolled", FP4_BLOCKS, skip_schedule(16, tile_m=16, k_warps=k_warps, depth=depth,
+                                                           unroll=unroll), "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    assert len([op for op in kernel.walk() if op.name == "for"]) == 2  # unrolled, then the rest
+    rng = np.random.default_rng(unroll * 100 + depth * 10 + k_warps)
+    for kind, (m, n, k) in [("clustered75", (1, 100, 1024)), ("clustered50", (19, 47, 640)), ("dense", (3, 64, 384))]:
+        packed = md.pack(FP4_BLOCKS, sparse_weights(k, n, rng, kind))
+        res = run_skip(gemm, kernel, packed, rng.standard_normal((m, k)))
+        assert res.untouched == 0 and res.ok, (kind, m, n, k, res)
+
+
 @pytest.mark.parametrize("table", ["vec_k", "vec_start"])
 def test_kernel_reads_the_tables(table: str) -> None:
     """A shifted table (each stored vector's K off by one vector, or the blocks' starts moved)
@@ -190,7 +206,6 @@ def test_loop_runs_over_the_blocks_stored_vectors() -> None:
      r"not divide 32"),
     (FP4_BLOCKS, dataclasses.replace(skip_schedule(), tile_k=128), CUDA, r"set tile_k=64, not 128"),
     (FP4_BLOCKS, skip_schedule(x_ahead=1), CUDA, r"does not take x_ahead=1"),
-    (FP4_BLOCKS, skip_schedule(unroll=2), CUDA, r"does not take unroll=2"),
     (FP4_BLOCKS, skip_schedule(stages=2), CUDA, r"does not take stages=2"),
     (dataclasses.replace(FP4_BLOCKS, name="fp4_blocks_g32", scale=GroupScale(32)), skip_schedule(), CUDA,
      r"scale groups of whole vectors \(64 K\); format 'fp4_blocks_g32' has group_size 32"),

@@ -121,10 +121,11 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
     add("ws_ahead_ktail_fp4", fmt, ws_schedule(fmt, k_warps=4, depth=1, unroll=2, x_ahead=1), "bf16",
         [(3, 20, 7 * stream_layout(fmt, CUDA).dense_chunk - 32)])
     fmt = md.builtin_format("fp4_blockpattern")  # skipping empty blocks: a loop over stored vectors
-    for act, tile_m, k_warps, depth in (("f16", 8, 4, 2), ("bf16", 16, 8, 1)):
+    for act, tile_m, k_warps, depth, unroll in (("f16", 8, 4, 2, 1), ("bf16", 16, 8, 1, 1), ("f16", 16, 4, 2, 2)):
         sched = Schedule("ws_skip", tile_m=tile_m, tile_n=32, tile_k=64, warps_m=1, warps_n=1,
-                         pipeline=WeightStream(k_warps=k_warps, depth=depth, skip_empty=True))
-        add(f"ws_skip_fp4_blockpattern_{act}_m{tile_m}", fmt, sched, act, [(1, 70, 1024), (tile_m + 1, 40, 768)])
+                         pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll, skip_empty=True))
+        add(f"ws_skip_fp4_blockpattern_{act}_m{tile_m}" + (f"_u{unroll}" if unroll > 1 else ""), fmt, sched, act,
+            [(1, 70, 1024), (tile_m + 1, 40, 768)])
     fmt = md.builtin_format("uint4_zp")
     for m in (1, 16, 40, 70):  # the tuned weight-stream schedules
         add(f"ws_tuned_m{m}", fmt, md.tuned_schedule(fmt, m), "f16", [(m, 24, 512)])

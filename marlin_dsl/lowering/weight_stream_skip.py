@@ -28,7 +28,7 @@ class WeightStreamSkipLowering(WeightStreamLowering):
 
     def lower(self):
         self.skip = skip_layout(self.fmt, self.target, self.s.location)  # checked with the schedule
-        assert self.skip.block_tiles % self.nsub == 0 and self.k_whole and self.pipeline.unroll == 1
+        assert self.skip.block_tiles % self.nsub == 0 and self.k_whole
         return super().lower()
 
     def step_range(self, wk: Value, wn: Value) -> tuple[Value, Value]:

@@ -146,7 +146,8 @@ class WeightStream:
 def check_skip(p: WeightStream, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
     """What skipping empty blocks asks: the target's skipping layout for the format, each
     warp's N rows in one block, one vector per step (a stored vector's K is read from a table, per step), scale
-    groups of whole vectors, and none of the options that load ahead by K position."""
+    groups of whole vectors, and none of the options that load ahead by K position (unroll
+    is free: the unrolled loop's steps are stored vectors like the rest)."""
     where, name = schedule.location, schedule.name
     layout = skip_layout(fmt, target, where)
     rows = schedule.tile_n // schedule.warps_n
@@ -164,7 +165,7 @@ def check_skip(p: WeightStream, schedule: ScheduleShape, fmt: Format, target: Ta
         raise ScheduleError(
             f"schedule {name!r}: weight_stream skip_empty needs scale groups of whole vectors "
             f"({layout.stream.dense_chunk} K); format {fmt.name!r} has group_size {g}", where)
-    for field, value in (("stages", p.stages), ("unroll", p.unroll - 1), ("x_ahead", p.x_ahead)):
+    for field, value in (("stages", p.stages), ("x_ahead", p.x_ahead)):
         if value:
             raise ScheduleError(
                 f"schedule {name!r}: weight_stream skip_empty does not take {field}="
