@@ -1,6 +1,6 @@
 """Issue 33: block patterns that skip, on an NVIDIA GPU: the weight stream over each block's
-stored vectors (`WeightStream(skip_empty=True)` on `fp4_blockpattern`) against dense fp4's
-tuned decode kernel on the same weights, in one run, under Nsight Compute as
+stored vectors (`WeightStream(skip_empty=True)` on `fp4_blockpattern`, the layers' schedules:
+`tuning.skip_schedule`) against dense fp4's tuned decode kernel on the same weights, in one run, under Nsight Compute as
 bench/probes/decode_sweep.py times (every kernel replayed on a flushed L2, clocks left alone,
 each subject bracketed by a marker kernel), with a 128-bit copy of dense fp4's bytes.
 
@@ -44,12 +44,6 @@ import numpy as np  # noqa: E402
 SPARSITIES = ("clustered50", "clustered75", "blocks8_50", "random50")
 SHAPES = "4096x4096,4096x14336,14336x4096"
 TAIL_N = 40
-#: the skipping kernels: (name, M they serve, tile_m, N rows a warp, k_warps, depth); 16 rows:
-#: a block's two halves in two threadgroups (the grid of dense fp4's tuned 16-row tiles)
-SKIP_KERNELS = (("skip_tm8_tn16_kw16_d2", 1, 8, 16, 16, 2), ("skip_tm8_tn16_kw16_d4", 1, 8, 16, 16, 4),
-                ("skip_tm8_tn16_kw16_d6", 1, 8, 16, 16, 6), ("skip_tm8_tn16_kw8_d4", 1, 8, 16, 8, 4),
-                ("skip_tm16_tn16_kw8_d2", 16, 16, 16, 8, 2), ("skip_tm16_tn16_kw8_d4", 16, 16, 16, 8, 4),
-                ("skip_tm16_tn16_kw16_d4", 16, 16, 16, 16, 4))
 #: ncu metrics beside time and bytes: occupancy, registers, the long-scoreboard stall (loads)
 EXTRA_METRICS = ("sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
                  "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio")
@@ -73,9 +67,10 @@ def sparse_weights(kind: str, k: int, n: int, rng: np.random.Generator) -> np.nd
 
 
 def kernels_for(ms: list[int], shapes: list[tuple[int, int]]) -> list[dict]:
-    """Dense fp4's tuned kernel per (M, shape) and the skipping kernels per M."""
-    from marlin_dsl import CUDA, Gemm, Schedule, WeightStream, builtin_format
-    from marlin_dsl.targets.cuda.tuning import tuned_schedule
+    """Dense fp4's tuned kernel per (M, shape) and the layers' skipping kernel
+    (`tuning.skip_schedule`) per (M, shape), one entry per distinct schedule."""
+    from marlin_dsl import CUDA, Gemm, builtin_format
+    from marlin_dsl.targets.cuda.tuning import skip_schedule, tuned_schedule
 
     out = []
     fp4, blocks = builtin_format("fp4"), builtin_format("fp4_blockpattern")
@@ -84,13 +79,14 @@ def kernels_for(ms: list[int], shapes: list[tuple[int, int]]) -> list[dict]:
             s = tuned_schedule(fp4, m, CUDA, k, n)  # its k_warps depend on the shape
             name = f"fp4_tuned_m{m}_k{k}_n{n}"
             out.append({"name": name, "format": "fp4", "m": m, "gemm": Gemm(name, fp4, s, "f16"), "shapes": [[k, n]]})
-        for name, serves, tile_m, rows, k_warps, depth in SKIP_KERNELS:
-            if serves != m:
-                continue
-            s = Schedule(name, tile_m=tile_m, tile_n=rows, tile_k=64, warps_m=1, warps_n=1,
-                         pipeline=WeightStream(k_warps=k_warps, depth=depth, skip_empty=True))
-            out.append({"name": f"{name}_m{m}", "format": "fp4_blockpattern", "m": m,
-                        "gemm": Gemm(f"{name}_m{m}", blocks, s, "f16"), "shapes": [list(kn) for kn in shapes]})
+        served: dict[str, dict] = {}
+        for k, n in shapes:
+            s = skip_schedule(blocks, m, CUDA, k)
+            name = f"{s.name}_d{s.pipeline.depth}_m{m}"
+            entry = served.setdefault(name, {"name": name, "format": "fp4_blockpattern", "m": m,
+                                             "gemm": Gemm(name, blocks, s, "f16"), "shapes": []})
+            entry["shapes"].append([k, n])
+        out += served.values()
     return out
 
 
@@ -201,7 +197,7 @@ def subjects(cands: list[dict], args) -> list[tuple[dict, object]]:
                 if kind == args.sparsities.split(",")[0]:
                     out.append(({**base, "sparsity": None, "subject": "copy"}, copy))
                 for c in cands:
-                    if c["m"] != m or not c.get("ok", True) or (c["format"] == "fp4" and [k, n] not in c["shapes"]):
+                    if c["m"] != m or not c.get("ok", True) or [k, n] not in c["shapes"]:
                         continue
                     label = {**base, "subject": c["format"], "kernel": c["name"]}
                     out.append((label, lambda g=launchers[c["name"]], wt=weights[c["format"]], x=x: g(wt, x, poison=False)))

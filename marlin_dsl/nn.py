@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,9 +23,9 @@ import numpy as np
 
 from .errors import MarlinDSLError, ShapeError
 from .formats import Format, PackedWeights
-from .formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
+from .formats.builtin import GroupSize
 from .formats.pack_weights import pack_fp4_weights
-from .layers.arguments import activation_casts, float_dtype, promoted
+from .layers.arguments import activation_casts, float_dtype, promoted, resolve_format
 from .layers.arguments import checked_activation as _check_activation
 from .layers.arguments import checked_bias as _check_bias
 from .layers.arguments import device_arrays as _device_arrays
@@ -33,6 +33,7 @@ from .layers.dispatch import LINEAR, dispatch_for
 from .layers.interop import packed_from_quantized
 from .layers.mlx_ops import mx_dtype, packed_to_numpy
 from .layers.mlx_pack import pack_mx
+from .layers.skip import SkipPath, skip_path
 from .layers.source_errors import SourcePart, source_error
 from .layers.validate import validate_mx
 from .layers.weights import layout_shapes, to_layout, to_linear, which_layout
@@ -124,19 +125,6 @@ def quantized_linear(x: mx.array, packed: PackedWeights, bias: mx.array | None =
 
 # ----- the layer --------------------------------------------------------------------------
 
-def _resolve_format(format: str | Format, group_size: GroupSize | None) -> Format:
-    if isinstance(format, Format):
-        if group_size is not None:
-            raise MarlinDSLError(
-                f"group_size: format {format.name!r} is a Format with its own group size "
-                f"({format.scale.group_size}); give group_size only with a built-in name")
-        return format
-    if format not in BUILTIN_FORMATS:
-        raise MarlinDSLError(f"format: expected a marlin_dsl Format or a built-in format name "
-                             f"{sorted(BUILTIN_FORMATS)}, got {format!r}")
-    return builtin_format(format, group_size)
-
-
 class MarlinLinear(nn.Module):
     """`y = x @ W + bias` with W [K, N] stored packed in a marlin-dsl format.
 
@@ -157,7 +145,7 @@ class MarlinLinear(nn.Module):
                  format: str | Format = "fp4", group_size: GroupSize | None = None, *,
                  backend: Backend = "auto", check_finite: bool = False) -> None:
         super().__init__()
-        fmt = _resolve_format(format, group_size)
+        fmt = resolve_format(format, group_size)
         fmt.check_shape(input_dims, output_dims, "input_dims/output_dims")
         scale = math.sqrt(1 / input_dims)
         weight = mx.random.uniform(low=-scale, high=scale, shape=(output_dims, input_dims))
@@ -179,6 +167,7 @@ class MarlinLinear(nn.Module):
         self.check_finite = check_finite
         # A tuple would become a dict entry of the module (mlx.nn.Module keeps tuples there).
         object.__setattr__(self, "_weight_names", tuple(spec.name for spec in fmt.buffers(*shape)))
+        object.__setattr__(self, "_skip", None)  # the block-skipping path, where it pays (_install)
         self._stale = False
         self._select(backend)
         self._disarm()
@@ -191,12 +180,17 @@ class MarlinLinear(nn.Module):
             self._disarm()
 
     def _install(self, linear: dict) -> None:
-        """Hold linear-layout device arrays (already valid) in this layer's layout."""
-        arrays = to_layout(self.format, (self.input_dims, self.output_dims), linear, self.layout)
-        for name in self._weight_names:
-            dict.__setitem__(self, name, arrays[name])  # not a replacement from outside
+        """Hold linear-layout device arrays (valid) in this layer's layout (and `skipping`'s)."""
+        self._hold(linear, to_layout(self.format, (self.input_dims, self.output_dims), linear, self.layout))
         self._stale = False
         self._disarm()
+
+    def _hold(self, linear: Mapping[str, object], arrays: dict) -> None:
+        """`arrays` (valid, in `layout`) as the parameters; the skipping path where it pays."""
+        for name in self._weight_names:
+            dict.__setitem__(self, name, arrays[name])  # not a replacement from outside
+        shape = (self.input_dims, self.output_dims)
+        object.__setattr__(self, "_skip", skip_path(self.format, shape, linear, arrays, self._backend, self.layout))
 
     # The per-call path is a closure over the dispatch, the held arrays and the bias, built on
     # the first call after anything it captures changes (`_disarm` marks that).
@@ -215,9 +209,9 @@ class MarlinLinear(nn.Module):
         object.__setattr__(self, "_parts_call", self._parts_closure())
         return self._parts_call(x)
 
-    def _launcher(self, dispatch) -> Callable[[mx.array], object]:
-        """x -> `dispatch`'s launch for x's shape with this layer's weights (what a call runs:
-        one lookup, one kernel call)."""
+    def _launcher(self, dispatch, skip: SkipPath | None = None) -> Callable[[mx.array], object]:
+        """x -> `dispatch`'s launch for x's shape with this layer's weights (one lookup, one
+        kernel call); with `skip`, decode rows through its skipping kernels."""
         launches, launch_for = dispatch.launches, dispatch.launch
         weights = tuple(self[name] for name in dispatch.names)
         k, check_finite = self.input_dims, self.check_finite
@@ -231,6 +225,9 @@ class MarlinLinear(nn.Module):
                 launch = launch_for(x)
             return launch(x, weights)
 
+        if skip is not None:
+            run = skip.wrap(run, (lambda x: _check_activation(x, k, True)) if check_finite else None)
+
         casts = self._casts
         if not casts:
             return run
@@ -242,7 +239,7 @@ class MarlinLinear(nn.Module):
         return run_promoted
 
     def _closure(self):
-        run = self._launcher(self._dispatch)
+        run = self._launcher(self._dispatch, self._skip)
         bias = self.get("bias")
         if bias is None:
             return run
@@ -326,6 +323,12 @@ class MarlinLinear(nn.Module):
             self._disarm()
 
     @property
+    def skipping(self) -> bool:
+        """Decode rows (up to 16) run the block-skipping kernels: CUDA, a block-pattern weight
+        with at most `layers.skip.max_stored` of its vectors stored (0.52; 0.35 if small)."""
+        return self._skip is not None
+
+    @property
     def weight_arrays(self) -> dict[str, mx.array]:
         """The packed arrays as held (in `layout`)."""
         return {name: self[name] for name in self._weight_names}
@@ -382,8 +385,7 @@ class MarlinLinear(nn.Module):
             raise ShapeError(f"packed: expected marlin_dsl.PackedWeights, got {type(packed).__name__}")
         layer._setup(packed.format, packed.shape, backend, check_finite)
         _, arrays = _device_arrays(packed, layer._backend)
-        for name in layer._weight_names:
-            dict.__setitem__(layer, name, arrays[name])
+        layer._hold(packed.arrays, arrays)
         if bias is not None:
             layer.bias = _check_bias(bias, layer.output_dims, None, check_finite=False)
         layer._stale = False
@@ -422,7 +424,7 @@ class MarlinLinear(nn.Module):
             raise ShapeError(f"{name}: expected an mlx.nn.Linear with a float [N, K] weight"
                              + ("; use from_quantized_linear for an mlx.nn.QuantizedLinear"
                                 if isinstance(linear, nn.QuantizedLinear) else ""))
-        fmt = _resolve_format(format, group_size)
+        fmt = resolve_format(format, group_size)
         n, k = (int(d) for d in weight.shape)
         fmt.check_shape(k, n, f"{name}.weight (transposed to [K, N])")
         layer = cls.__new__(cls)

@@ -78,3 +78,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+# ----- shared fixtures ---------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch):
+    """MLX's CUDA backend without a GPU: `mx.fast.cuda_kernel` is replaced by a stand-in that
+    executes the IR of the kernel it was built from (recorded when the launcher is built) in
+    the interpreter, with the buffers, launch sizes and shapes it is given. Records every
+    launch's inputs."""
+    import mlx.core as mx
+    import numpy as np
+
+    import marlin_dsl.targets.cuda.runtime as runtime
+    import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.nn as mnn
+    from marlin_dsl.ir.interpret import run_kernel
+
+    kernels: dict[str, object] = {}
+    launches: list[dict] = []
+    build = runtime.build_cuda_kernel
+
+    def recording_build(kernel, name=None):
+        gemm = build(kernel, name)
+        kernels[gemm.name] = kernel
+        return gemm
+
+    def fake_cuda_kernel(name, input_names, output_names, source, header, **_):
+        def launch(inputs, output_shapes, output_dtypes, grid, threadgroup, init_value=None, verbose=False):
+            launches.append({"name": name, "inputs": dict(zip(input_names, inputs)), "grid": grid})
+            buffers = {n: np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a).ravel()
+                       for n, a in zip(input_names, inputs)}
+            scalars = dict(zip(("M", "N", "K"), (int(v) for v in buffers.pop("dims"))))
+            for n, shape in zip(output_names, output_shapes):
+                buffers[n] = np.full(int(np.prod(shape)), np.nan, np.float32)
+            out = run_kernel(kernels[name], buffers, scalars)
+            return [mx.array(out[n]).reshape(shape).astype(dtype)
+                    for n, shape, dtype in zip(output_names, output_shapes, output_dtypes)]
+        return launch
+
+    monkeypatch.setattr(runtime, "build_cuda_kernel", recording_build)
+    monkeypatch.setattr(mx.fast, "cuda_kernel", fake_cuda_kernel)
+    monkeypatch.setattr(mnn, "_cuda_available", lambda: True)
+    runtime.cuda_gemm.cache_clear()
+    dispatch.dispatch_for.cache_clear()
+    yield launches
+    runtime.cuda_gemm.cache_clear()
+    dispatch.dispatch_for.cache_clear()

@@ -302,3 +302,27 @@ def test_cost_model_counts_the_stored_share() -> None:
     assert full["qweight"] == plain["qweight"] and half["qweight"] == plain["qweight"] / 2
     assert full["vec_k"] == pytest.approx(4 / (64 * 32)) and half["vec_k"] == full["vec_k"] / 2
     assert half["scales"] == full["scales"] == plain["scales"]
+
+
+# ----- the layers' schedules ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("k", [640, 8192])
+def test_tuned_skip_schedules(m: int, k: int) -> None:
+    """`tuning.skip_schedule` (what layers run for decode rows): 8 K warps below 128 vectors,
+    16 from there (K = 8192), unrolled by 2, checked in the interpreter at M rows; beyond 16
+    rows it is an error that says so."""
+    from marlin_dsl.targets.cuda.tuning import SKIP_MAX_M, skip_schedule
+
+    fmt = md.builtin_format("fp4_blockpattern")
+    sched = skip_schedule(fmt, m, CUDA, k)
+    assert sched.pipeline.skip_empty and sched.pipeline.unroll == 2
+    assert sched.pipeline.k_warps == (16 if k >= 8192 else 8)
+    gemm = Gemm(f"skip_tuned_m{m}", fmt, sched, "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    rng = np.random.default_rng(m + k)
+    packed = md.pack(fmt, sparse_weights(k, 40, rng, "clustered50"))
+    res = run_skip(gemm, kernel, packed, rng.standard_normal((m, k)))
+    assert res.untouched == 0 and res.ok, res
+    with pytest.raises(ScheduleError, match=f"serves up to {SKIP_MAX_M}"):
+        skip_schedule(fmt, SKIP_MAX_M + 1, CUDA, k)

@@ -31,7 +31,12 @@ def test_dry_run_builds_checked_kernels(tmp_path: Path) -> None:
     assert bench.main(["--dry-run", "--out", str(tmp_path), "--shapes", "4096x4096,4096x14336"]) == 0
     import json
     names = [e["name"] for e in json.loads((tmp_path / "manifest.json").read_text())["kernels"]]
-    assert len(names) == len(set(names)) == 4 + len(bench.SKIP_KERNELS)  # dense fp4 per (M, shape)
+    # dense fp4 per (M, shape); the layers' skipping schedule per M (both shapes have K = 4096)
+    assert len(names) == len(set(names)) == 4 + 2
+    from marlin_dsl.targets.cuda.tuning import skip_schedule
+    assert {e["name"].rsplit("_d", 1)[0] for e in json.loads((tmp_path / "manifest.json").read_text())["kernels"]
+            if e["format"] == "fp4_blockpattern"} == {skip_schedule(builtin_format("fp4_blockpattern"), m, CUDA, 4096).name
+                                                       for m in (1, 16)}
 
 
 def test_table_pairs_dense_and_best_skip() -> None:

@@ -37,6 +37,7 @@ from marlin_dsl.layouts.weight_stream import stream_layout
 from marlin_dsl.targets.cuda.cpu_harness import (CudaCPUError, compile_cuda_cpu, cuda_cpu_executor,
                                                  find_compiler, run_cuda_cpu)
 from marlin_dsl.targets.cuda.printer import print_cuda
+from marlin_dsl.targets.cuda.tuning import skip_schedule
 
 from lazy_builds import LazyBuilds
 
@@ -126,6 +127,8 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
                          pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll, skip_empty=True))
         add(f"ws_skip_fp4_blockpattern_{act}_m{tile_m}" + (f"_u{unroll}" if unroll > 1 else ""), fmt, sched, act,
             [(1, 70, 1024), (tile_m + 1, 40, 768)])
+    for m in (1, 16):  # what layers run for decode rows (targets/cuda/tuning.skip_schedule)
+        add(f"ws_skip_tuned_m{m}", fmt, skip_schedule(fmt, m, CUDA, 640), "f16", [(m, 40, 640), (3, 33, 640)])
     fmt = md.builtin_format("uint4_zp")
     for m in (1, 16, 40, 70):  # the tuned weight-stream schedules
         add(f"ws_tuned_m{m}", fmt, md.tuned_schedule(fmt, m), "f16", [(m, 24, 512)])

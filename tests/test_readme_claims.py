@@ -436,9 +436,9 @@ def test_sparse_decode_fixed_part() -> None:
 
 
 def test_block_skip_round() -> None:
-    """Issue 33: the block-skipping table in the results README is bench/block_skip_gpu.py's
-    table of run 7's rows (with the cost model's bytes), run 7's kernels are what a dry run builds today (same digests), and
-    the ranges bench/README.md quotes come from runs 6 and 7."""
+    """Issue 33: the block-skipping table in round two's results README is bench/block_skip_gpu.py's
+    table of run 7's rows, run 11's kernels (round three) are what a dry run builds today (same
+    digests), and the ranges bench/README.md quotes for round two come from runs 6 and 7."""
     import importlib.util
 
     from marlin_dsl.targets.cuda.source import CudaSource
@@ -448,13 +448,15 @@ def test_block_skip_round() -> None:
     spec.loader.exec_module(bench)
     base = "issue33_h200_2026-11-28"
     run7 = _load(f"{base}/run7_block_skip_depth/block_skip.json")
-    results = (RESULTS / base / "README.md").read_text()
-    for line in bench.table(run7["rows"], bench.predicted_mb(run7["rows"])).splitlines():
-        assert line in results, line
+    results = (RESULTS / base / "README.md").read_text().splitlines()
+    for line in bench.table(run7["rows"]).splitlines():  # the cost model's columns follow
+        assert any(r.startswith(line) for r in results), line
     assert all(c["ok"] for c in run7["checks"]) and "ERROR SUMMARY: 0 errors" in (
         RESULTS / base / "run7_block_skip_depth" / "memcheck.log").read_text()
+    # the layers' skipping kernels today are run 11's (round three)
+    run11 = _load("issue33_h200_2026-11-29/run11_skip_tuned/block_skip.json")
     cands = bench.kernels_for(bench.ints("1,16"), bench.parse_shapes(bench.SHAPES))
-    assert sorted(c["name"] for c in cands) == sorted(run7["digests"])
+    assert sorted(c["name"] for c in cands) == sorted(run11["digests"])
     from marlin_dsl import CUDA
     from marlin_dsl.compiler import compile_gemm
     from marlin_dsl.targets.cuda.launch import gemm_inout_inputs
@@ -463,7 +465,7 @@ def test_block_skip_round() -> None:
         if c["format"] != "fp4_blockpattern":
             continue
         kernel = compile_gemm(c["gemm"], CUDA).kernel
-        assert print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel)).digest == run7["digests"][c["name"]], c["name"]
+        assert print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel)).digest == run11["digests"][c["name"]], c["name"]
     ratios: dict[str, list[float]] = {}
     for run in ("run6_block_skip", "run7_block_skip_depth"):
         rows = _load(f"{base}/{run}/block_skip.json")["rows"]
@@ -479,3 +481,45 @@ def test_block_skip_round() -> None:
                         ("none", "{}x where nothing is skipped")):
         lo, hi = min(ratios[kind]), max(ratios[kind])
         assert words.format(f"{lo:.2f}-{hi:.2f}") in text, (kind, lo, hi)
+
+
+def test_block_skip_layers_round() -> None:
+    """Issue 33, round three: run 11's table (with the cost model's bytes) is in the results
+    README; the ranges bench/README.md quotes for the layers' skipping kernels come from run 11
+    and the layer's from runs 12 and 13; every check passed and memcheck found nothing; the
+    skip limits the README states are the code's."""
+    import importlib.util
+
+    from marlin_dsl.layers.skip import SKIP_MAX_STORED, SKIP_MAX_STORED_SMALL
+
+    spec = importlib.util.spec_from_file_location("block_skip_gpu", ROOT / "bench" / "block_skip_gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    base = "issue33_h200_2026-11-29"
+    run11 = _load(f"{base}/run11_skip_tuned/block_skip.json")
+    results = (RESULTS / base / "README.md").read_text()
+    for line in bench.table(run11["rows"], bench.predicted_mb(run11["rows"])).splitlines():
+        assert line in results, line
+    assert all(c["ok"] for c in run11["checks"]) and "ERROR SUMMARY: 0 errors" in (
+        RESULTS / base / "run11_skip_tuned" / "memcheck.log").read_text()
+    ratio: dict[tuple, float] = {}
+    for key in {(r["K"], r["N"], r["M"], r["sparsity"]) for r in run11["rows"] if r["subject"] == "fp4"}:
+        mine = [r for r in run11["rows"] if (r["K"], r["N"], r["M"], r.get("sparsity")) == key]
+        dense = next(r for r in mine if r["subject"] == "fp4")["time_ns"]
+        ratio[key] = dense / next(r for r in mine if r["subject"] == "fp4_blockpattern")["time_ns"]
+    large = [(4096, 14336), (14336, 4096)]
+
+    def span(kinds, shapes) -> str:
+        vals = [v for (k, n, _, kind), v in ratio.items() if kind in kinds and (k, n) in shapes]
+        return f"{min(vals):.2f}-{max(vals):.2f}x"
+
+    text = " ".join(BENCH_README.split())
+    assert f"{span(['clustered50'], large)} dense fp4 at 50% clustered and {span(['clustered75'], large)}" in text
+    assert f"{span(['random50'], large + [(4096, 4096)])} where every vector is stored" in text
+    assert f"at most {SKIP_MAX_STORED} of the vectors are stored ({SKIP_MAX_STORED_SMALL} under 2^25" in text
+    layer = [r["fp4"] / r["fp4_blockpattern"] for run in ("run12_layer", "run13_layer")
+             for r in _load(f"{base}/{run}/layer_skip.json")["rows"]
+             if r["M"] == 16 and r["skipping"] and r["sparsity"].startswith("clustered") and (r["K"], r["N"]) in large]
+    assert f"{min(layer):.2f}-{max(layer):.2f}x the fp4 layer" in text
+    for run in ("run12_layer", "run13_layer"):
+        assert all(c["ok"] for c in _load(f"{base}/{run}/layer_skip.json")["checks"])

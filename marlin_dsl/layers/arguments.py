@@ -6,8 +6,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..errors import ShapeError, ValueRangeError
-from ..formats import PackedWeights, validate
+from ..errors import MarlinDSLError, ShapeError, ValueRangeError
+from ..formats import Format, PackedWeights, validate
+from ..formats.builtin import BUILTIN_FORMATS, GroupSize, builtin_format
 from .dispatch import LINEAR, check_activation, layout_for
 from .mlx_ops import packed_to_mx
 from .validate import validate_mx
@@ -111,5 +112,19 @@ def float_dtype(value: object, where: str) -> mx.Dtype | None:
     return dtype
 
 
-__all__ = ["FLOAT_DTYPES", "activation_casts", "checked_activation", "checked_bias", "device_arrays",
+def resolve_format(format: str | Format, group_size: GroupSize | None) -> Format:
+    """The layer's format: a Format as given, or a built-in name with an optional group size."""
+    if isinstance(format, Format):
+        if group_size is not None:
+            raise MarlinDSLError(
+                f"group_size: format {format.name!r} is a Format with its own group size "
+                f"({format.scale.group_size}); give group_size only with a built-in name")
+        return format
+    if format not in BUILTIN_FORMATS:
+        raise MarlinDSLError(f"format: expected a marlin_dsl Format or a built-in format name "
+                             f"{sorted(BUILTIN_FORMATS)}, got {format!r}")
+    return builtin_format(format, group_size)
+
+
+__all__ = ["FLOAT_DTYPES", "activation_casts", "checked_activation", "checked_bias", "device_arrays", "resolve_format",
            "dtype_name", "first_non_finite", "float_dtype", "promoted"]

@@ -149,10 +149,14 @@ class TargetDispatch(_KernelDispatch):
         self.runtime = runtime_for(backend)
         self.layout = self.runtime.layer_layout(fmt, k, n) or LINEAR
 
+    def _kernel(self, activation: str, m: int):
+        """The runtime's kernel for m rows (a `LayerKernel`)."""
+        return self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n, self.parts)
+
     def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         m = math.prod(shape[:-1])
         activation = _KERNEL_ACTIVATION[dtype]
-        kernel = self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n, self.parts)
+        kernel = self._kernel(activation, m)
         self._check_io(kernel.name, kernel.input_names, kernel.output_names)
         layout = kernel.weight_layout or LINEAR
         if layout != self.layout:

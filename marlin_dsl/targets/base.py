@@ -145,6 +145,9 @@ class TargetRuntime(Protocol):
     target: Target
     #: a check of the shipped text beside the interpreter, or None
     native_check: NativeCheck | None
+    #: rows of activations its block-skipping kernels serve (`layer_kernel(..., skip=True)`);
+    #: 0 where the target has no skipping layout
+    skip_max_m: int
     #: binds any kernel to MLX, kernel_launcher(kernel, inout_inputs) -> KernelLaunch (the
     #: readwrite buffers in inout_inputs are passed as inputs); None where that is not wired
     kernel_launcher: Callable[[Any, tuple[str, ...]], KernelLaunch] | None
@@ -163,8 +166,10 @@ class TargetRuntime(Protocol):
     def layer_layout(self, fmt: Any, k: int, n: int) -> str | None: ...
 
     def layer_kernel(self, fmt: Any, activation: str, m: int, k: int, n: int,
-                     outputs: tuple[int, ...] = ()) -> LayerKernel:
+                     outputs: tuple[int, ...] = (), skip: bool = False) -> LayerKernel:
         """The layer's kernel for m rows; with `outputs` (part widths adding up to n) it may
         write Y's columns as those parts (output names y0, y1, ...: `Gemm.outputs`) or, where
-        its kernel for m rows cannot, one y (the layer then splits)."""
+        its kernel for m rows cannot, one y (the layer then splits). `skip`: the kernel that
+        reads the target's block-skipping layout (`Target.skip_layout`; targets without one
+        are never asked)."""
         ...

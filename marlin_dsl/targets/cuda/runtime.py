@@ -32,7 +32,7 @@ from .cpu_harness import CompiledCudaCPU, CudaCPUError, compile_cuda_cpu, find_c
 from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel, gemm_inout_inputs
 from .launch_precompiled import device_arch
 from .printer import print_cuda
-from .tuning import tuned_schedule
+from .tuning import SKIP_MAX_M, skip_schedule, tuned_schedule
 
 
 def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
@@ -146,6 +146,7 @@ class CudaRuntime:
     target: Target = CUDA
     native_check = CpuHarnessCheck()  # also nvcc compiles (tests) and the GPU (bench/)
     kernel_launcher = CudaLaunch  # any kernel through mx.fast.cuda_kernel (or precompiled: launch.mlx_kernel)
+    skip_max_m = SKIP_MAX_M  # the decode's rows (tuning.skip_schedule)
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
         """The H100-tuned weight-stream (or, for many rows, multistage or on Hopper warpgroup)
@@ -174,11 +175,12 @@ class CudaRuntime:
         return LAYOUT_NAME
 
     def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int,
-                     outputs: tuple[int, ...] = ()) -> LayerKernel:
+                     outputs: tuple[int, ...] = (), skip: bool = False) -> LayerKernel:
         """The kernel for m rows (`cuda_schedule`), bound to `mx.fast.cuda_kernel`; with
         `outputs` (part widths), writing the parts as separate outputs where the schedule's
-        pipeline does (the weight stream: the decode's row counts), else one y."""
-        schedule = cuda_schedule(fmt, m, k, n)
+        pipeline does (the weight stream: the decode's row counts), else one y. `skip`: the
+        kernel over each block's stored vectors (`skip_schedule`; the skipping layout)."""
+        schedule = skip_schedule(fmt, m, CUDA, k) if skip else cuda_schedule(fmt, m, k, n)
         gemm = cuda_gemm(fmt, activation, schedule, written_outputs(schedule, outputs))
         source = gemm.source
         scalars = {"M": m, "N": n, "K": k}

@@ -11,7 +11,8 @@ from ...machine.cuda import CUDA
 from ...machine.target import Target
 from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
 
-__all__ = ["multistage_schedule", "stream_step_k", "tuned_schedule", "warpgroup_roles_schedule", "warpgroup_schedule"]
+__all__ = ["SKIP_MAX_M", "multistage_schedule", "skip_schedule", "stream_step_k", "tuned_schedule",
+           "warpgroup_roles_schedule", "warpgroup_schedule"]
 
 
 def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None,
@@ -81,6 +82,30 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
 
 #: K vectors per weight-stream step where the format's scale groups cover them.
 _STEP_VECTORS = 2
+
+
+#: Rows of activations the skipping weight stream serves (decode); beyond, the dense kernels.
+SKIP_MAX_M = 16
+
+
+def skip_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None) -> Schedule:
+    """The weight stream over each block's stored vectors (`WeightStream(skip_empty=True)`)
+    for m <= SKIP_MAX_M rows of a block-pattern format. From ncu on an H200, cold L2
+    (bench/results/issue33_h200_2026-11-28 run 9, 14336 x 4096 and 4096 x 14336 at random 50%
+    and clustered 50% / 75%): unrolled by 2 (a loop-carried prefetch otherwise waits on its
+    own load), 16 K warps where K has 128 or more vectors (8 below: a warp's few steps), at
+    M = 16 depth 1 with 16 K warps (64 registers, 2 threadgroups an SM; depth 2 crossed to 72
+    and halved the occupancy) and depth 2 with 8."""
+    target = target or CUDA
+    if m > SKIP_MAX_M:
+        raise ScheduleError(f"skip_schedule: {m} rows; the skipping weight stream serves up to {SKIP_MAX_M}")
+    vector = stream_layout(fmt, target).dense_chunk
+    long_k = k is not None and k >= 128 * vector
+    k_warps = 16 if long_k else 8
+    depth = 1 if m > 8 and long_k else 2
+    name = f"skip_m{8 if m <= 8 else 16}_kw{k_warps}"
+    return Schedule(name, tile_m=8 if m <= 8 else 16, tile_n=16, tile_k=vector, warps_m=1, warps_n=1,
+                    pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=2, skip_empty=True))
 
 
 def stream_step_k(fmt: Format, target: Target | None = None) -> int:

@@ -144,6 +144,7 @@ class MetalRuntime:
     target: Target = METAL
     native_check = CpuHarnessCheck()
     kernel_launcher = MetalLaunch  # any kernel through mx.fast.metal_kernel (the activation kernels)
+    skip_max_m = 0  # no block-skipping layout
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
         """The tuned schedule for m rows (`tuning.py`: the weight stream, above 32 rows the
@@ -172,11 +173,14 @@ class MetalRuntime:
         return STREAM_LAYOUT if stream_schedule(fmt, 1, k, n) is not None else None
 
     def layer_kernel(self, fmt: Format, activation: str, m: int, k: int, n: int,
-                     outputs: tuple[int, ...] = ()) -> LayerKernel:
+                     outputs: tuple[int, ...] = (), skip: bool = False) -> LayerKernel:
         """The tuned kernel for m rows (weight stream or multistage) where the format takes the
         stream layout, else the format's default kernel, through its generated launcher module;
         with `outputs`, writing the parts where the schedule's pipeline does (the weight
-        stream), else one y (a fused layer then splits it)."""
+        stream), else one y (a fused layer then splits it). Metal has no skipping layout
+        (`skip` is never asked of it)."""
+        if skip:
+            raise ScheduleError("target 'metal' has no block-skipping weight layout (Target.skip_layout)")
         schedule = stream_schedule(fmt, m, k, n)
         module = metal_launcher(fmt, activation, schedule, written_outputs(schedule, outputs))
         gx, gy, gz = module.threadgroups(m, n, k)

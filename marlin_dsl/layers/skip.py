@@ -1,0 +1,149 @@
+"""A layer's block-skipping path: decode rows of a block-pattern weight through the kernel that
+reads only each block's stored vectors (`WeightStream(skip_empty=True)`, issue 33).
+
+Which vectors a block stores depends on the weight's patterns, not on its shape, so the
+choice is made per weight when it arrives (`MarlinLinear._install`): on a target with a
+skipping layout (`Target.skip_layout`: CUDA), for a format with block patterns, when the
+stored share of the dense stream's vectors is at most `max_stored` (0.52; 0.35 for small
+weights). There the skipping kernel is faster than dense fp4's tuned one at M = 1 and 16 on
+the H200 (1.05-1.25x at half the vectors stored on 4096 x 14336 and 14336 x 4096, 1.11-1.57x
+at a quarter; bench/results/issue33_h200_2026-11-29 run 11). Where (nearly) every vector is
+stored (random sparsity: a 50%-zero weight leaves no 64 x 32 run empty) the skipping kernel
+is slower than dense (0.65-0.81x: it reads the same bytes behind a dependent K table), so
+the layer keeps the dense kernels there: the same kernel as dense fp4's.
+
+The layer keeps its parameters (the dense stream's arrays: what `to_packed`, `save` and
+`load_weights` see) and holds the skipping arrays beside them, derived on the device: the
+stored vectors gathered from the dense stream's qweight, `vec_start` and `vec_k` from the
+patterns (`layouts/block_skip.py` gives the layout; its numpy `skip_arrays` is the oracle of
+the tests). That costs the stored share of qweight again in device memory. Row counts above
+the runtime's `skip_max_m` (prefill) and fused groups' parts run the dense kernels.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import ScheduleError
+from ..formats import BlockPatternSparsity, Format
+from ..layouts.block_skip import skip_layout
+from ..machine.target import Target
+from .dispatch import TargetDispatch
+
+#: The largest stored share at which a layer skips. Between run 11's rows (H200, ncu: stored
+#: shares 0.25, 0.5 and 1.0 of the same kernels) the skipping kernel breaks even with dense
+#: fp4 at 0.55 (4096 x 14336, M = 16) to 0.75 of the vectors stored on the two large shapes;
+#: this keeps a margin below that and takes weights pruned to half (0.50-0.51 stored) ...
+SKIP_MAX_STORED = 0.52
+#: ... and for weights of fewer than SMALL_WEIGHT elements, where the call's fixed part is a
+#: larger share: 4096 x 4096 at M = 1 breaks even at 0.40 (1.11x at 0.25, 0.93x at 0.51)
+SKIP_MAX_STORED_SMALL = 0.35
+SMALL_WEIGHT = 1 << 25
+
+
+def max_stored(k: int, n: int) -> float:
+    """The largest stored share at which a [K, N] weight's layer skips."""
+    return SKIP_MAX_STORED if k * n >= SMALL_WEIGHT else SKIP_MAX_STORED_SMALL
+
+
+def skip_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int], linear: Mapping[str, mx.array],
+                   held: Mapping[str, mx.array], limit: float | None = None) -> dict[str, mx.array] | None:
+    """The skipping layout's arrays of a weight held in `target`'s dense stream layout
+    (`held`; `linear`: the same weight in the format's own layout, for its patterns), or None
+    where the target or format cannot skip or more than `limit` (default `max_stored`) of the
+    vectors are stored."""
+    if target.skip_layout is None or not isinstance(fmt.sparsity, BlockPatternSparsity):
+        return None
+    try:
+        layout = skip_layout(fmt, target)
+    except ScheduleError:
+        return None
+    k, n = shape
+    keep = layout.kept(np.asarray(linear["patterns"]), k, n)  # [blocks, K vectors]; a small copy
+    if keep.mean() > (max_stored(k, n) if limit is None else limit):
+        return None
+    st, bt, nb, kv = layout.stream, layout.block_tiles, layout.blocks(n), layout.vectors(k)
+    nt = -(-n // st.tile_rows)
+    words = st.lanes * st.code_words
+    qweight = held["qweight"].reshape(nt, kv, words)
+    if nb * bt > nt:  # the last block's missing tiles: zeros, as the numpy layout pads
+        qweight = mx.concatenate([qweight, mx.zeros((nb * bt - nt, kv, words), qweight.dtype)])
+    # [blocks, block tile, K vector] -> [block, K vector][block tile]: a stored vector's tiles together
+    by_vector = qweight.reshape(nb, bt, kv, words).transpose(0, 2, 1, 3).reshape(nb * kv, bt * words)
+    blocks, vectors = np.nonzero(keep)  # block by block, K vectors increasing
+    stored = mx.take(by_vector, mx.array((blocks * kv + vectors).astype(np.uint32)), axis=0)
+    start = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.uint32)
+    return {**held, "qweight": stored.reshape(-1), "vec_start": mx.array(start),
+            "vec_k": mx.array(vectors.astype(np.uint32))}
+
+
+class SkipDispatch(TargetDispatch):
+    """The skipping kernels of one (format, [K, N], backend) for up to `skip_max_m` rows: the
+    format's arrays in the skipping layout, then vec_start and vec_k."""
+
+    def __init__(self, fmt: Format, k: int, n: int, backend: str) -> None:
+        super().__init__(fmt, k, n, backend)
+        self.layout = self.runtime.target.skip_layout
+        self.names = (*self.names, "vec_start", "vec_k")
+
+    def _kernel(self, activation: str, m: int):
+        return self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n, skip=True)
+
+
+class SkipPath:
+    """A layer's skipping dispatch and the arrays it reads (`weights`, in its input order)."""
+
+    def __init__(self, dispatch: SkipDispatch, arrays: Mapping[str, mx.array]) -> None:
+        self.dispatch = dispatch
+        self.weights = tuple(arrays[name] for name in dispatch.names)
+
+    def wrap(self, dense: Callable[[mx.array], object],
+             check: Callable[[mx.array], None] | None = None) -> Callable[[mx.array], object]:
+        """x -> the skipping launch for x's shape where x has at most the runtime's `skip_max_m`
+        rows, else `dense(x)`; `check` runs first on the skipping path (the dense one checks
+        itself)."""
+        table: dict[tuple, Callable | None] = {}  # (shape, dtype) -> launch, or None: dense
+        launch_for, weights, max_m = self.dispatch.launch, self.weights, self.dispatch.runtime.skip_max_m
+
+        def run(x: mx.array):
+            try:
+                launch = table[(x.shape, x.dtype)]
+            except (KeyError, AttributeError, TypeError):  # first call with this shape, or bad x
+                if not isinstance(x, mx.array) or x.ndim < 1:
+                    return dense(x)  # which says what is wrong with x
+                decode = math.prod(x.shape[:-1]) <= max_m
+                launch = table[(x.shape, x.dtype)] = launch_for(x) if decode else None
+            if launch is None:
+                return dense(x)
+            if check is not None:
+                check(x)
+            return launch(x, weights)
+
+        return run
+
+
+def skip_path(fmt: Format, shape: tuple[int, int], linear: Mapping[str, mx.array],
+              held: Mapping[str, mx.array], backend: str, layout: str) -> SkipPath | None:
+    """The skipping path of a layer holding `held` in `layout` on `backend`, or None (a
+    backend or format that cannot skip, a weight with too much stored: `skip_arrays_mx`)."""
+    dispatch_target = _target_of(backend)
+    if dispatch_target is None or layout not in dispatch_target.weight_layouts:
+        return None  # the dense stream's arrays are what the skipping layout is made from
+    arrays = skip_arrays_mx(fmt, dispatch_target, shape, linear, held)
+    if arrays is None:
+        return None
+    return SkipPath(SkipDispatch(fmt, shape[0], shape[1], backend), arrays)
+
+
+def _target_of(backend: str) -> Target | None:
+    from ..targets.runtimes import RUNTIMES
+
+    runtime = RUNTIMES.get(backend)
+    return None if runtime is None else runtime.target
+
+
+__all__ = ["SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "SkipDispatch", "SkipPath", "max_stored", "skip_arrays_mx",
+           "skip_path"]
