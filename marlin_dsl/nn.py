@@ -33,7 +33,7 @@ from .layers.dispatch import LINEAR, dispatch_for
 from .layers.interop import packed_from_quantized
 from .layers.mlx_ops import mx_dtype, packed_to_numpy
 from .layers.mlx_pack import pack_mx
-from .layers.skip import SkipPath, skip_path
+from .layers.skip import SkipPath, skip_path, skip_path_of_packed
 from .layers.source_errors import SourcePart, source_error
 from .layers.validate import validate_mx
 from .layers.weights import layout_shapes, to_layout, to_linear, which_layout
@@ -109,7 +109,8 @@ def quantized_linear(x: mx.array, packed: PackedWeights, bias: mx.array | None =
 
     `packed.arrays` may be numpy (as `pack` returns them) or MLX arrays; either way they are
     validated and put into the layout the backend's kernels read on the first call with that
-    PackedWeights object (cached on it; see `_device_arrays`). With `check_finite` NaN/Inf in
+    PackedWeights object (cached on it; see `_device_arrays`; a block-pattern weight's skipping
+    arrays too: `layers.skip`). With `check_finite` NaN/Inf in
     x or bias raise ValueRangeError; that check evaluates x (a sync) and cannot run inside
     `mx.compile`, so layers turn it off by default.
     """
@@ -118,8 +119,12 @@ def quantized_linear(x: mx.array, packed: PackedWeights, bias: mx.array | None =
     k, n = packed.shape
     x = _check_activation(x, k, check_finite)
     b = None if bias is None else _check_bias(bias, n, x.dtype, check_finite)
-    dispatch = dispatch_for(packed.format, int(k), int(n), name)
-    y = dispatch(x, tuple(arrays[a] for a in dispatch.names))
+    skip = skip_path_of_packed(packed, name, arrays)  # block patterns on CUDA, where it pays
+    if skip is not None and skip.serves(x):
+        y = skip(x)
+    else:
+        dispatch = dispatch_for(packed.format, int(k), int(n), name)
+        y = dispatch(x, tuple(arrays[a] for a in dispatch.names))
     return y if b is None else y + b
 
 

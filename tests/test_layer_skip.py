@@ -112,3 +112,27 @@ def test_new_weights_decide_again(fake_cuda) -> None:
     assert not layer.skipping
     expected = md.reference_matmul(x.astype(np.float64), dense)
     assert np.linalg.norm(y - expected) / np.linalg.norm(expected) < 2e-3
+
+
+def test_quantized_linear_skips_too(fake_cuda) -> None:
+    """The functional API takes the same path, its skipping arrays cached on the PackedWeights
+    object with its device arrays (made once; new arrays, a new decision)."""
+    from marlin_dsl.nn import quantized_linear
+
+    rng = np.random.default_rng(7)
+    k, n = 640, 48
+    packed = md.pack(FMT, weights(k, n, rng, "clustered75"))
+    for m in (1, 16, 17):
+        fake_cuda.clear()
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        y = np.array(quantized_linear(mx.array(x), packed, backend="cuda")).astype(np.float64)
+        expected = md.reference_matmul(x.astype(np.float64), packed)
+        assert np.linalg.norm(y - expected) / np.linalg.norm(expected) < 2e-3, m
+        (launch,) = fake_cuda
+        assert ("vec_k" in launch["inputs"]) == (m <= 16), m
+    path = packed.device_cache["skip"][1]
+    quantized_linear(mx.array(x), packed, backend="cuda")
+    assert packed.device_cache["skip"][1] is path  # cached
+    packed.arrays.update(md.pack(FMT, weights(k, n, rng, "random50")).arrays)
+    quantized_linear(mx.array(x[:1]), packed, backend="cuda")
+    assert packed.device_cache["skip"][1] is None

@@ -18,6 +18,7 @@ stored vectors gathered from the dense stream's qweight, `vec_start` and `vec_k`
 patterns (`layouts/block_skip.py` gives the layout; its numpy `skip_arrays` is the oracle of
 the tests). That costs the stored share of qweight again in device memory. Row counts above
 the runtime's `skip_max_m` (prefill) and fused groups' parts run the dense kernels.
+`quantized_linear` does the same with the arrays it caches on a PackedWeights object.
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import ScheduleError
-from ..formats import BlockPatternSparsity, Format
+from ..formats import BlockPatternSparsity, Format, PackedWeights
 from ..layouts.block_skip import skip_layout
 from ..machine.target import Target
-from .dispatch import TargetDispatch
+from .dispatch import TargetDispatch, layout_for
 
 #: The largest stored share at which a layer skips. Between run 11's rows (H200, ncu: stored
 #: shares 0.25, 0.5 and 1.0 of the same kernels) the skipping kernel breaks even with dense
@@ -124,6 +125,25 @@ class SkipPath:
 
         return run
 
+    def serves(self, x: mx.array) -> bool:
+        """x's rows are few enough for the skipping kernels."""
+        return math.prod(x.shape[:-1]) <= self.dispatch.runtime.skip_max_m
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.dispatch(x, self.weights)
+
+
+def skip_path_of_packed(packed: PackedWeights, backend: str, held: Mapping[str, mx.array]) -> SkipPath | None:
+    """`quantized_linear`'s skipping path for `packed` held as `held` on `backend` (cached on the
+    object beside its device arrays, keyed by the identity of its arrays)."""
+    key = (backend, tuple((name, id(a)) for name, a in packed.arrays.items()))
+    cached = packed.device_cache.get("skip")
+    if cached is None or cached[0] != key:
+        k, n = (int(d) for d in packed.shape)
+        path = skip_path(packed.format, (k, n), packed.arrays, held, backend, layout_for(packed.format, k, n, backend))
+        cached = packed.device_cache["skip"] = (key, path)
+    return cached[1]
+
 
 def skip_path(fmt: Format, shape: tuple[int, int], linear: Mapping[str, mx.array],
               held: Mapping[str, mx.array], backend: str, layout: str) -> SkipPath | None:
@@ -146,4 +166,4 @@ def _target_of(backend: str) -> Target | None:
 
 
 __all__ = ["SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "SkipDispatch", "SkipPath", "max_stored", "skip_arrays_mx",
-           "skip_path"]
+           "skip_path", "skip_path_of_packed"]
