@@ -93,6 +93,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch):
 
     import marlin_dsl.targets.cuda.runtime as runtime
     import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.layers.skip as skip
     import marlin_dsl.nn as mnn
     from marlin_dsl.ir.interpret import run_kernel
 
@@ -121,8 +122,9 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(runtime, "build_cuda_kernel", recording_build)
     monkeypatch.setattr(mx.fast, "cuda_kernel", fake_cuda_kernel)
     monkeypatch.setattr(mnn, "_cuda_available", lambda: True)
-    runtime.cuda_gemm.cache_clear()
-    dispatch.dispatch_for.cache_clear()
+    caches = (runtime.cuda_gemm, dispatch.dispatch_for, skip.skip_dispatch_for)  # launches bound to the fake
+    for cache in caches:
+        cache.cache_clear()
     yield launches
-    runtime.cuda_gemm.cache_clear()
-    dispatch.dispatch_for.cache_clear()
+    for cache in caches:
+        cache.cache_clear()

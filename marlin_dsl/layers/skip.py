@@ -23,6 +23,7 @@ the runtime's `skip_max_m` (prefill) and fused groups' parts run the dense kerne
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Callable, Mapping
 
 import mlx.core as mx
@@ -32,6 +33,7 @@ from ..errors import ScheduleError
 from ..formats import BlockPatternSparsity, Format, PackedWeights
 from ..layouts.block_skip import skip_layout
 from ..machine.target import Target
+from ..targets.runtimes import RUNTIMES
 from .dispatch import TargetDispatch, layout_for
 
 #: The largest stored share at which a layer skips. Between run 11's rows (H200, ncu: stored
@@ -149,21 +151,20 @@ def skip_path(fmt: Format, shape: tuple[int, int], linear: Mapping[str, mx.array
               held: Mapping[str, mx.array], backend: str, layout: str) -> SkipPath | None:
     """The skipping path of a layer holding `held` in `layout` on `backend`, or None (a
     backend or format that cannot skip, a weight with too much stored: `skip_arrays_mx`)."""
-    dispatch_target = _target_of(backend)
-    if dispatch_target is None or layout not in dispatch_target.weight_layouts:
+    runtime = RUNTIMES.get(backend)
+    if runtime is None or layout not in runtime.target.weight_layouts:
         return None  # the dense stream's arrays are what the skipping layout is made from
-    arrays = skip_arrays_mx(fmt, dispatch_target, shape, linear, held)
+    arrays = skip_arrays_mx(fmt, runtime.target, shape, linear, held)
     if arrays is None:
         return None
-    return SkipPath(SkipDispatch(fmt, shape[0], shape[1], backend), arrays)
+    return SkipPath(skip_dispatch_for(fmt, int(shape[0]), int(shape[1]), backend), arrays)
 
 
-def _target_of(backend: str) -> Target | None:
-    from ..targets.runtimes import RUNTIMES
-
-    runtime = RUNTIMES.get(backend)
-    return None if runtime is None else runtime.target
+@lru_cache(maxsize=None)
+def skip_dispatch_for(fmt: Format, k: int, n: int, backend: str) -> SkipDispatch:
+    """The shared SkipDispatch of (format, [K, N], backend), as `dispatch_for` shares dense ones."""
+    return SkipDispatch(fmt, k, n, backend)
 
 
 __all__ = ["SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "SkipDispatch", "SkipPath", "max_stored", "skip_arrays_mx",
-           "skip_path", "skip_path_of_packed"]
+           "skip_dispatch_for", "skip_path", "skip_path_of_packed"]
