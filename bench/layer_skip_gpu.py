@@ -7,8 +7,10 @@ weight is packed as `fp4_blockpattern` (the layer skips where at most `layers.sk
 the vectors are stored: `MarlinLinear.skipping`) and as `fp4`; then
 1. correctness: with MARLIN_DSL_POISON=1 (outputs NaN-filled before each launch) every layer
    at M = 1, 3, 16 and 17 against the float64 reference of its own packed weight (relative
-   Frobenius error; fp4 tolerance), fresh activations;
-2. time: `layer_bench.time_calls` (calls rotating over weight copies that exceed the 50 MB
+   Frobenius error; fp4 tolerance), fresh activations, and `quantized_linear` on the same
+   PackedWeights (the same path: equal bits);
+2. time, without the poisoning fill (runs 12 and 13 of issue 33 timed with it):
+   `layer_bench.time_calls` (calls rotating over weight copies that exceed the 50 MB
    L2, evaluated once: the batched wall time per call; at M = 1 a 4096 x 4096 call is close
    to MLX's host cost per call, so the kernel table of block_skip_gpu.py is the device-side
    view).
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     import marlin_dsl as md
     from block_skip_gpu import parse_shapes, sparse_weights
     from layer_bench import nbytes, time_calls
-    from marlin_dsl.nn import MarlinLinear
+    from marlin_dsl.layers import dispatch
+    from marlin_dsl.nn import MarlinLinear, quantized_linear
     from decode_sweep import device_name, git_commit
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("MARLIN_DSL_POISON") != "1":
         print("note: MARLIN_DSL_POISON=1 is not set: outputs are not NaN-poisoned before launches")
     args.out.mkdir(parents=True, exist_ok=True)
+    poison = dispatch._INIT_VALUE  # NaN under MARLIN_DSL_POISON=1: the checks only
     rng = np.random.default_rng(args.seed)
     checks, rows = [], []
     for k, n in parse_shapes(args.shapes):
@@ -77,15 +81,21 @@ def main(argv: list[str] | None = None) -> int:
             layers = {f: [MarlinLinear.from_packed(c, backend=args.backend) for c in copies_of(p, per[f])]
                       for f, p in packed.items()}
             skipping = layers["fp4_blockpattern"][0].skipping
-            for f, p in packed.items():  # 1. correctness of the first copy
+            dispatch._INIT_VALUE = poison  # 1. correctness of the first copy, outputs poisoned
+            for f, p in packed.items():
                 for m in (1, 3, 16, 17):
                     x = rng.standard_normal((m, k)).astype(np.float16)
                     y = np.array(layers[f][0](mx.array(x)).astype(mx.float32), np.float64)
                     ref = md.reference_matmul(x.astype(np.float64), p)
                     rel = float(np.linalg.norm(y - ref) / np.linalg.norm(ref)) if np.isfinite(y).all() else float("inf")
-                    checks.append({"K": k, "N": n, "sparsity": kind, "format": f, "M": m, "rel": rel, "ok": rel < REL_TOL})
-                    if rel >= REL_TOL:
-                        print(f"FAIL {f} {k}x{n} {kind} M={m}: rel {rel:.3e}")
+                    # quantized_linear takes the layer's path: the same kernel, the same bits
+                    yq = np.array(quantized_linear(mx.array(x), p, backend=args.backend).astype(mx.float32), np.float64)
+                    same = bool(np.array_equal(yq, y))
+                    checks.append({"K": k, "N": n, "sparsity": kind, "format": f, "M": m, "rel": rel,
+                                   "functional_equal": same, "ok": rel < REL_TOL and same})
+                    if not checks[-1]["ok"]:
+                        print(f"FAIL {f} {k}x{n} {kind} M={m}: rel {rel:.3e}, quantized_linear equal: {same}")
+            dispatch._INIT_VALUE = None  # 2. times without MARLIN_DSL_POISON's fill per launch
             fp16 = [lin] + [nn.Linear(k, n, bias=False) for _ in range(1)]
             fp16[1].weight = mx.array(lin.weight)
             q4 = [nn.QuantizedLinear.from_linear(layer, group_size=64, bits=4) for layer in fp16]
