@@ -96,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
                     if not checks[-1]["ok"]:
                         print(f"FAIL {f} {k}x{n} {kind} M={m}: rel {rel:.3e}, quantized_linear equal: {same}")
             dispatch._INIT_VALUE = None  # 2. times without MARLIN_DSL_POISON's fill per launch
-            fp16 = [lin] + [nn.Linear(k, n, bias=False) for _ in range(1)]
-            fp16[1].weight = mx.array(lin.weight)
-            q4 = [nn.QuantizedLinear.from_linear(layer, group_size=64, bits=4) for layer in fp16]
+            # as many copies of the peers' weights as exceed the L2 twice (runs 12-16 of issue 33
+            # rotated two: MLX 4-bit's two 4096 x 4096 copies, 19 MB, stayed in the L2)
+            fp16 = [lin] + [nn.Linear(k, n, bias=False) for _ in range(max(1, -(-2 * L2_BYTES // (2 * k * n)) - 1))]
+            for layer in fp16[1:]:
+                layer.weight = mx.array(lin.weight)
+            q4_bytes = k * n // 2 + 2 * 2 * k * n // 64  # codes, f16 scales and biases per 64
+            q4 = [nn.QuantizedLinear.from_linear(fp16[i % len(fp16)], group_size=64, bits=4)
+                  for i in range(max(2, -(-2 * L2_BYTES // q4_bytes)))]
             subjects = {"fp4_blockpattern": layers["fp4_blockpattern"], "fp4": layers["fp4"],
                         "mlx_4bit_g64": q4, "fp16": fp16}
             for m in map(int, args.ms.split(",")):
