@@ -3,7 +3,7 @@ same weights as dense fp4 (`MarlinLinear`), MLX's 4-bit `QuantizedLinear` (group
 `nn.Linear`, in one run.
 
 Per shape and sparsity (bench/block_skip_gpu.py's: clustered 50% / 75%, random 50%) the
-weight is packed as `fp4_blockpattern` (the layer skips where at most `layers.skip.max_stored` of
+weight is packed as `fp4_blockpattern` (the layer skips where at most `tuning.max_stored` of
 the vectors are stored: `MarlinLinear.skipping`) and as `fp4`; then
 1. correctness: with MARLIN_DSL_POISON=1 (outputs NaN-filled before each launch) every layer
    at M = 1, 3, 16 and 17 against the float64 reference of its own packed weight (relative

@@ -330,7 +330,7 @@ class MarlinLinear(nn.Module):
     @property
     def skipping(self) -> bool:
         """Decode rows (up to 16) run the block-skipping kernels: CUDA, a block-pattern weight
-        with at most `layers.skip.max_stored` of its vectors stored (0.52; 0.35 if small)."""
+        with at most `skip_max_stored` of its vectors stored (0.52; 0.35 if small)."""
         return self._skip is not None
 
     @property

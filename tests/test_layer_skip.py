@@ -1,6 +1,6 @@
 """Block skipping in the layer (issue 33, `layers/skip.py`): `MarlinLinear` on backend "cuda"
 runs decode rows of a block-pattern weight through the skipping kernels where at most
-`max_stored` of the vectors are stored, and the dense kernels otherwise.
+`tuning.max_stored` of the vectors are stored, and the dense kernels otherwise.
 
 - The skipping arrays made on the device with MLX ops equal the numpy layout
   (`layouts.block_skip.skip_arrays`) bit for bit: odd N (a partial last block), K not a
@@ -23,7 +23,8 @@ import mlx.core as mx
 import marlin_dsl as md
 from marlin_dsl import CUDA
 from marlin_dsl.checks.format_check import clustered_mask
-from marlin_dsl.layers.skip import SKIP_MAX_STORED, SKIP_MAX_STORED_SMALL, max_stored, skip_arrays_mx
+from marlin_dsl.layers.skip import skip_arrays_mx
+from marlin_dsl.targets.cuda.tuning import SKIP_MAX_STORED, SKIP_MAX_STORED_SMALL, max_stored
 from marlin_dsl.layers.weights import to_layout
 from marlin_dsl.layouts.block_skip import skip_arrays
 from marlin_dsl.nn import MarlinLinear

@@ -490,7 +490,7 @@ def test_block_skip_layers_round() -> None:
     skip limits the README states are the code's."""
     import importlib.util
 
-    from marlin_dsl.layers.skip import SKIP_MAX_STORED, SKIP_MAX_STORED_SMALL
+    from marlin_dsl.targets.cuda.tuning import SKIP_MAX_STORED, SKIP_MAX_STORED_SMALL
 
     spec = importlib.util.spec_from_file_location("block_skip_gpu", ROOT / "bench" / "block_skip_gpu.py")
     bench = importlib.util.module_from_spec(spec)

@@ -4,10 +4,11 @@ reads only each block's stored vectors (`WeightStream(skip_empty=True)`, issue 3
 Which vectors a block stores depends on the weight's patterns, not on its shape, so the
 choice is made per weight when it arrives (`MarlinLinear._install`): on a target with a
 skipping layout (`Target.skip_layout`: CUDA), for a format with block patterns, when the
-stored share of the dense stream's vectors is at most `max_stored` (0.52; 0.35 for small
-weights). There the skipping kernel is faster than dense fp4's tuned one at M = 1 and 16 on
-the H200 (1.05-1.25x at half the vectors stored on 4096 x 14336 and 14336 x 4096, 1.11-1.57x
-at a quarter; bench/results/issue33_h200_2026-11-29 run 11). Where (nearly) every vector is
+stored share of the dense stream's vectors is at most the target runtime's `skip_max_stored`
+(CUDA: `tuning.max_stored`, 0.52; 0.35 for small weights). There the skipping kernel is
+faster than dense fp4's tuned one at M = 1 and 16 on the H200 (1.05-1.25x at half the vectors
+stored on 4096 x 14336 and 14336 x 4096, 1.11-1.57x at a quarter;
+bench/results/issue33_h200_2026-11-29 run 11). Where (nearly) every vector is
 stored (random sparsity: a 50%-zero weight leaves no 64 x 32 run empty) the skipping kernel
 is slower than dense (0.65-0.81x: it reads the same bytes behind a dependent K table), so
 the layer keeps the dense kernels there: the same kernel as dense fp4's.
@@ -36,28 +37,13 @@ from ..machine.target import Target
 from ..targets.runtimes import RUNTIMES
 from .dispatch import TargetDispatch, layout_for
 
-#: The largest stored share at which a layer skips. Between run 11's rows (H200, ncu: stored
-#: shares 0.25, 0.5 and 1.0 of the same kernels) the skipping kernel breaks even with dense
-#: fp4 at 0.55 (4096 x 14336, M = 16) to 0.75 of the vectors stored on the two large shapes;
-#: this keeps a margin below that and takes weights pruned to half (0.50-0.51 stored) ...
-SKIP_MAX_STORED = 0.52
-#: ... and for weights of fewer than SMALL_WEIGHT elements, where the call's fixed part is a
-#: larger share: 4096 x 4096 at M = 1 breaks even at 0.40 (1.11x at 0.25, 0.93x at 0.51)
-SKIP_MAX_STORED_SMALL = 0.35
-SMALL_WEIGHT = 1 << 25
-
-
-def max_stored(k: int, n: int) -> float:
-    """The largest stored share at which a [K, N] weight's layer skips."""
-    return SKIP_MAX_STORED if k * n >= SMALL_WEIGHT else SKIP_MAX_STORED_SMALL
-
-
 def skip_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int], linear: Mapping[str, mx.array],
                    held: Mapping[str, mx.array], limit: float | None = None) -> dict[str, mx.array] | None:
     """The skipping layout's arrays of a weight held in `target`'s dense stream layout
     (`held`; `linear`: the same weight in the format's own layout, for its patterns), or None
-    where the target or format cannot skip or more than `limit` (default `max_stored`) of the
-    vectors are stored."""
+    where the target or format cannot skip or more than `limit` (default: the target
+    runtime's `skip_max_stored`) of the vectors are stored. The stored order is the numpy
+    layout's (`SkipLayout.tables`); the gather runs on the device."""
     if target.skip_layout is None or not isinstance(fmt.sparsity, BlockPatternSparsity):
         return None
     try:
@@ -65,22 +51,17 @@ def skip_arrays_mx(fmt: Format, target: Target, shape: tuple[int, int], linear: 
     except ScheduleError:
         return None
     k, n = shape
-    keep = layout.kept(np.asarray(linear["patterns"]), k, n)  # [blocks, K vectors]; a small copy
-    if keep.mean() > (max_stored(k, n) if limit is None else limit):
+    tables = layout.tables(np.asarray(linear["patterns"]), k, n)  # the patterns: a small copy
+    if tables.share > (RUNTIMES[target.name].skip_max_stored(k, n) if limit is None else limit):
         return None
-    st, bt, nb, kv = layout.stream, layout.block_tiles, layout.blocks(n), layout.vectors(k)
-    nt = -(-n // st.tile_rows)
-    words = st.lanes * st.code_words
-    qweight = held["qweight"].reshape(nt, kv, words)
-    if nb * bt > nt:  # the last block's missing tiles: zeros, as the numpy layout pads
-        qweight = mx.concatenate([qweight, mx.zeros((nb * bt - nt, kv, words), qweight.dtype)])
-    # [blocks, block tile, K vector] -> [block, K vector][block tile]: a stored vector's tiles together
-    by_vector = qweight.reshape(nb, bt, kv, words).transpose(0, 2, 1, 3).reshape(nb * kv, bt * words)
-    blocks, vectors = np.nonzero(keep)  # block by block, K vectors increasing
-    stored = mx.take(by_vector, mx.array((blocks * kv + vectors).astype(np.uint32)), axis=0)
-    start = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.uint32)
-    return {**held, "qweight": stored.reshape(-1), "vec_start": mx.array(start),
-            "vec_k": mx.array(vectors.astype(np.uint32))}
+    view, axes = layout.by_vector_shape(k, n)
+    qweight = held["qweight"].reshape(-1, view[2], view[3])
+    if view[0] * view[1] > qweight.shape[0]:  # the last block's missing tiles: zeros
+        qweight = mx.concatenate([qweight, mx.zeros((view[0] * view[1] - qweight.shape[0], *view[2:]), qweight.dtype)])
+    by_vector = qweight.reshape(view).transpose(axes).reshape(view[0] * view[2], -1)
+    stored = mx.take(by_vector, mx.array(tables.rows.astype(np.uint32)), axis=0)
+    return {**held, "qweight": stored.reshape(-1), "vec_start": mx.array(tables.vec_start),
+            "vec_k": mx.array(tables.vec_k)}
 
 
 class SkipDispatch(TargetDispatch):
@@ -109,7 +90,7 @@ class SkipPath:
         rows, else `dense(x)`; `check` runs first on the skipping path (the dense one checks
         itself)."""
         table: dict[tuple, Callable | None] = {}  # (shape, dtype) -> launch, or None: dense
-        launch_for, weights, max_m = self.dispatch.launch, self.weights, self.dispatch.runtime.skip_max_m
+        launch_for, weights, serves = self.dispatch.launch, self.weights, self.serves
 
         def run(x: mx.array):
             try:
@@ -117,8 +98,7 @@ class SkipPath:
             except (KeyError, AttributeError, TypeError):  # first call with this shape, or bad x
                 if not isinstance(x, mx.array) or x.ndim < 1:
                     return dense(x)  # which says what is wrong with x
-                decode = math.prod(x.shape[:-1]) <= max_m
-                launch = table[(x.shape, x.dtype)] = launch_for(x) if decode else None
+                launch = table[(x.shape, x.dtype)] = launch_for(x) if serves(x) else None
             if launch is None:
                 return dense(x)
             if check is not None:
@@ -136,14 +116,14 @@ class SkipPath:
 
 
 def skip_path_of_packed(packed: PackedWeights, backend: str, held: Mapping[str, mx.array]) -> SkipPath | None:
-    """`quantized_linear`'s skipping path for `packed` held as `held` on `backend` (cached on the
-    object beside its device arrays, keyed by the identity of its arrays)."""
-    key = (backend, tuple((name, id(a)) for name, a in packed.arrays.items()))
+    """`quantized_linear`'s skipping path for `packed` held as `held` on `backend`: cached on
+    the object for as long as `held` (the device arrays `device_arrays` caches there) is
+    the same object."""
     cached = packed.device_cache.get("skip")
-    if cached is None or cached[0] != key:
+    if cached is None or cached[0] is not held:
         k, n = (int(d) for d in packed.shape)
         path = skip_path(packed.format, (k, n), packed.arrays, held, backend, layout_for(packed.format, k, n, backend))
-        cached = packed.device_cache["skip"] = (key, path)
+        cached = packed.device_cache["skip"] = (held, path)
     return cached[1]
 
 
@@ -166,5 +146,4 @@ def skip_dispatch_for(fmt: Format, k: int, n: int, backend: str) -> SkipDispatch
     return SkipDispatch(fmt, k, n, backend)
 
 
-__all__ = ["SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "SkipDispatch", "SkipPath", "max_stored", "skip_arrays_mx",
-           "skip_dispatch_for", "skip_path", "skip_path_of_packed"]
+__all__ = ["SkipDispatch", "SkipPath", "skip_arrays_mx", "skip_dispatch_for", "skip_path", "skip_path_of_packed"]

@@ -66,6 +66,30 @@ class SkipLayout:
         keep[~keep.any(axis=1), 0] = True
         return keep
 
+    def tables(self, patterns: np.ndarray, k: int, n: int) -> SkipTables:
+        """The stored vectors of a [K, N] weight with these patterns, in stored order."""
+        keep = self.kept(patterns, k, n)
+        blocks, vectors = np.nonzero(keep)  # row-major: block by block, K vectors increasing
+        return SkipTables(
+            rows=(blocks * keep.shape[1] + vectors).astype(np.int64),
+            vec_start=np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.uint32),
+            vec_k=vectors.astype(np.uint32), share=float(keep.mean()))
+
+    def by_vector_shape(self, k: int, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the dense stream's qweight as [blocks, block tile, K vector, words] (its N tiles
+        padded to whole blocks), the axes that make it [block, K vector][block tile, words]):
+        the view whose rows `SkipTables.rows` gathers."""
+        st = self.stream
+        return (self.blocks(n), self.block_tiles, self.vectors(k), st.lanes * st.code_words), (0, 2, 1, 3)
+
+
+@dataclass(frozen=True)
+class SkipTables:
+    rows: np.ndarray  # each stored vector's row of the [block, K vector] view (`by_vector_shape`)
+    vec_start: np.ndarray  # u32 [blocks + 1]: each block's first stored vector
+    vec_k: np.ndarray  # u32 [stored]: each stored vector's K vector
+    share: float  # stored vectors over all (block, K vector) pairs
+
 
 def skip_layout(fmt: Format, target: Target, where=None) -> SkipLayout:
     """The skipping layout of `fmt` on `target` (ScheduleError where the format has no block
@@ -97,29 +121,22 @@ def skip_arrays(fmt: Format, target: Target, packed: PackedWeights) -> dict[str,
     layout = skip_layout(fmt, target)
     k, n = packed.shape
     arrays = stream_arrays(fmt, target, packed)
-    st = layout.stream
-    nt, kv, bt = -(-n // st.tile_rows), layout.vectors(k), layout.block_tiles
-    nb = layout.blocks(n)
-    words = np.asarray(arrays["qweight"]).reshape(nt, kv, st.lanes, st.code_words)
-    tiles = np.zeros((nb * bt, kv, st.lanes, st.code_words), np.uint32)
-    tiles[:nt] = words
-    # [blocks, block tile, kv, ...] -> [blocks, kv, block tile, ...]: a stored vector's tiles together
-    by_block = tiles.reshape(nb, bt, kv, st.lanes, st.code_words).transpose(0, 2, 1, 3, 4)
-    keep = layout.kept(np.asarray(packed.arrays["patterns"]), k, n)
-    blocks, vectors = np.nonzero(keep)  # row-major: block by block, K vectors increasing
-    arrays["qweight"] = np.ascontiguousarray(by_block[blocks, vectors]).reshape(-1)
-    arrays["vec_start"] = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.uint32)
-    arrays["vec_k"] = vectors.astype(np.uint32)
+    tables = layout.tables(np.asarray(packed.arrays["patterns"]), k, n)
+    shape, axes = layout.by_vector_shape(k, n)
+    words = np.asarray(arrays["qweight"]).reshape(-1, shape[2], shape[3])
+    tiles = np.zeros((shape[0] * shape[1], *words.shape[1:]), np.uint32)
+    tiles[:words.shape[0]] = words  # the last block's missing tiles: zeros
+    by_vector = tiles.reshape(shape).transpose(axes).reshape(shape[0] * shape[2], -1)
+    arrays["qweight"] = np.ascontiguousarray(by_vector[tables.rows]).reshape(-1)
+    arrays["vec_start"], arrays["vec_k"] = tables.vec_start, tables.vec_k
     return arrays
 
 
 def stored_fraction(fmt: Format, target: Target, packed: PackedWeights) -> float:
     """Stored vectors over all (block, K vector) pairs: the share of the dense stream's weight
     bytes a skipping kernel reads."""
-    layout = skip_layout(fmt, target)
     k, n = packed.shape
-    keep = layout.kept(np.asarray(packed.arrays["patterns"]), k, n)
-    return float(keep.mean())
+    return skip_layout(fmt, target).tables(np.asarray(packed.arrays["patterns"]), k, n).share
 
 
-__all__ = ["SkipLayout", "skip_arrays", "skip_layout", "stored_fraction"]
+__all__ = ["SkipLayout", "SkipTables", "skip_arrays", "skip_layout", "stored_fraction"]

@@ -165,6 +165,11 @@ class TargetRuntime(Protocol):
 
     def layer_layout(self, fmt: Any, k: int, n: int) -> str | None: ...
 
+    def skip_max_stored(self, k: int, n: int) -> float:
+        """The largest share of a [K, N] weight's vectors stored at which a layer runs the
+        block-skipping kernels (measured on the target); 0 where it has none."""
+        ...
+
     def layer_kernel(self, fmt: Any, activation: str, m: int, k: int, n: int,
                      outputs: tuple[int, ...] = (), skip: bool = False) -> LayerKernel:
         """The layer's kernel for m rows; with `outputs` (part widths adding up to n) it may

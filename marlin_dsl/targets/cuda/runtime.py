@@ -32,7 +32,7 @@ from .cpu_harness import CompiledCudaCPU, CudaCPUError, compile_cuda_cpu, find_c
 from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel, gemm_inout_inputs
 from .launch_precompiled import device_arch
 from .printer import print_cuda
-from .tuning import SKIP_MAX_M, skip_schedule, tuned_schedule
+from .tuning import SKIP_MAX_M, max_stored, skip_schedule, tuned_schedule
 
 
 def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
@@ -147,6 +147,10 @@ class CudaRuntime:
     native_check = CpuHarnessCheck()  # also nvcc compiles (tests) and the GPU (bench/)
     kernel_launcher = CudaLaunch  # any kernel through mx.fast.cuda_kernel (or precompiled: launch.mlx_kernel)
     skip_max_m = SKIP_MAX_M  # the decode's rows (tuning.skip_schedule)
+
+    def skip_max_stored(self, k: int, n: int) -> float:
+        """The largest stored share at which a layer skips (`tuning.max_stored`)."""
+        return max_stored(k, n)
 
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
         """The H100-tuned weight-stream (or, for many rows, multistage or on Hopper warpgroup)

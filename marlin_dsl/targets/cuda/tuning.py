@@ -11,7 +11,7 @@ from ...machine.cuda import CUDA
 from ...machine.target import Target
 from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
 
-__all__ = ["SKIP_MAX_M", "multistage_schedule", "skip_schedule", "stream_step_k", "tuned_schedule",
+__all__ = ["SKIP_MAX_M", "SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "max_stored", "multistage_schedule", "skip_schedule", "stream_step_k", "tuned_schedule",
            "warpgroup_roles_schedule", "warpgroup_schedule"]
 
 
@@ -86,6 +86,21 @@ _STEP_VECTORS = 2
 
 #: Rows of activations the skipping weight stream serves (decode); beyond, the dense kernels.
 SKIP_MAX_M = 16
+#: The largest stored share at which a layer skips. Between run 11's rows (H200, ncu: stored
+#: shares 0.25, 0.5 and 1.0 of the same kernels, bench/results/issue33_h200_2026-11-29) the
+#: skipping kernel breaks even with dense fp4 at 0.55 (4096 x 14336, M = 16) to 0.75 of the
+#: vectors stored on the two large shapes; this keeps a margin below that and takes weights
+#: pruned to half (0.50-0.51 stored) ...
+SKIP_MAX_STORED = 0.52
+#: ... and for weights of fewer than SMALL_WEIGHT elements, where the call's fixed part is a
+#: larger share: 4096 x 4096 at M = 1 breaks even at 0.40 (1.11x at 0.25, 0.93x at 0.51)
+SKIP_MAX_STORED_SMALL = 0.35
+SMALL_WEIGHT = 1 << 25
+
+
+def max_stored(k: int, n: int) -> float:
+    """The largest stored share at which a [K, N] weight's layer runs the skipping kernels."""
+    return SKIP_MAX_STORED if k * n >= SMALL_WEIGHT else SKIP_MAX_STORED_SMALL
 
 
 def skip_schedule(fmt: Format, m: int, target: Target | None = None, k: int | None = None) -> Schedule:

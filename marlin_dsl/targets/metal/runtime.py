@@ -146,6 +146,10 @@ class MetalRuntime:
     kernel_launcher = MetalLaunch  # any kernel through mx.fast.metal_kernel (the activation kernels)
     skip_max_m = 0  # no block-skipping layout
 
+    def skip_max_stored(self, k: int, n: int) -> float:
+        """No skipping layout: never."""
+        return 0.0
+
     def tuned_schedule(self, fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
         """The tuned schedule for m rows (`tuning.py`: the weight stream, above 32 rows the
         multistage pipeline); ScheduleError for a format the stream layout does not take."""
