@@ -78,6 +78,12 @@ inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, std::source_location loc = s
   mdsl_cpu::collective(mdsl_cpu::CALL_SYNCWARP, loc, nullptr, nullptr);
 }
 
+// __shfl_xor_sync (full mask, width 32) for the 32-bit types the printer shuffles; defined in
+// cuda_shim_ptx.h (a warp rendezvous).
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32,
+                         std::source_location loc = std::source_location::current());
+
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 

@@ -31,6 +31,9 @@
 //     metadata: lane 4 (row % 8) + 2F + (chunk / 4) holds row `row` of the 16 x 32 A, rows
 //     0..7 in bits [15:0], rows 8..15 in bits [31:16], chunk j's four bits at bit
 //     16 (row / 8) + 4 (j % 4). The other lanes' words are not read.
+// shfl.sync.bfly.b32 (PTX ISA 9.7.9.6; the printer's __shfl_xor_sync with a full mask): every
+//   lane of the warp takes the 32-bit value of lane (lane ^ lane_mask); all 32 lanes must
+//   arrive with the same lane_mask (a rendezvous, like mma).
 // The products are exact in double and summed in double, then rounded once to f32 (the IR's
 // rule for mma, docs/IR.md), so results do not depend on the hardware's adder tree.
 //
@@ -128,9 +131,42 @@ inline void exec_mma_sp(Group* g, unsigned w) {
   multiply_accumulate<32>(g, w, A, B);
 }
 
+struct ShflArgs {
+  uint32_t value;
+  int lane_mask;
+  uint32_t result;
+};
+
+inline void exec_shfl_xor(Group* g, unsigned w) {
+  auto args = [&](unsigned lane) -> ShflArgs& { return *static_cast<ShflArgs*>(g->fibers[w * 32 + lane].call.args); };
+  const int lane_mask = args(0).lane_mask;
+  for (unsigned lane = 0; lane < 32; ++lane)
+    if (args(lane).lane_mask != lane_mask)
+      fail(fmt("shfl.sync.bfly: lane %u of warp %u uses lane mask %d, lane 0 %d (block (%u, %u, %u))", lane, w,
+               args(lane).lane_mask, lane_mask, g->pos.x, g->pos.y, g->pos.z));
+  if (lane_mask <= 0 || lane_mask >= 32)
+    fail(fmt("shfl.sync.bfly: lane mask %d is not in 1..31 (warp %u)", lane_mask, w));
+  for (unsigned lane = 0; lane < 32; ++lane) args(lane).result = args(lane ^ (unsigned)lane_mask).value;
+}
+
 }  // namespace mdsl_cpu
 
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width, std::source_location loc) {
+  static_assert(sizeof(T) == 4, "__shfl_xor_sync: the shim moves 32-bit values");
+  if (mask != 0xFFFFFFFFu || width != 32)
+    mdsl_cpu::fail(mdsl_cpu::fmt("__shfl_xor_sync with mask %#x, width %d: the shim shuffles whole warps only",
+                                 mask, width));
+  mdsl_cpu::ShflArgs args{0u, lane_mask, 0u};
+  std::memcpy(&args.value, &var, 4);
+  mdsl_cpu::collective(mdsl_cpu::CALL_SHFL, loc, &args, &mdsl_cpu::exec_shfl_xor);
+  std::memcpy(&var, &args.result, 4);
+  return var;
+}
+
 namespace mdsl {
+
+
 
 inline frag_c mma(const frag_a<__half>& a, const frag_b<__half>& b, const frag_c& c, std::source_location loc) {
   frag_c d;

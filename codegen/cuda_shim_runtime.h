@@ -2,7 +2,7 @@
 // codegen/cuda_shim.h): the shared runtime (codegen/shim_runtime.h: fibers, seeded
 // scheduling, barriers, warp rendezvous, faults and the timeout) in CUDA's words, with what
 // only CUDA has:
-//   - its warp-collective operations (__syncwarp, mma.sync, mma.sp: the last lane to arrive
+//   - its warp-collective operations (__syncwarp, mma.sync, mma.sp, shfl.sync: the last lane to arrive
 //     performs the operation for the warp, see cuda_shim_ptx.h);
 //   - each thread's cp.async copies in flight (cuda_shim_ptx.h), which must all have landed
 //     when the thread exits;
@@ -24,9 +24,9 @@ namespace mdsl_cpu {
 
 typedef Dim3 dim3_t;
 
-enum CallKind { CALL_NONE = 0, CALL_SYNCWARP, CALL_MMA, CALL_MMA_SP };
+enum CallKind { CALL_NONE = 0, CALL_SYNCWARP, CALL_MMA, CALL_MMA_SP, CALL_SHFL };
 inline const char* call_name(int k) {
-  static const char* names[] = {"-", "__syncwarp", "mma.sync m16n8k16", "mma.sp m16n8k32"};
+  static const char* names[] = {"-", "__syncwarp", "mma.sync m16n8k16", "mma.sp m16n8k32", "shfl.sync.bfly"};
   return names[k];
 }
 

@@ -93,7 +93,7 @@ def test_hand_kernel_counts_exactly() -> None:
     per_thread = counts.tally.counts
     # int: and, shr, the invariant mul, lt, the if's two adds, the loop's add and compare
     assert per_thread == {"int": 8, "float": 2, "cvt": 1, "ld.dev": 3, "ld.shared": 2,
-                          "ld.const": 0, "st.shared": 1, "st.dev": 0, "mma": 1, "sync": 1,
+                          "ld.const": 0, "st.shared": 1, "st.dev": 0, "shfl": 0, "mma": 1, "sync": 1,
                           "move": 1, "other": 2}
     assert counts.tally.invariant == 1  # %inv: a compiler hoists it
     assert counts.tally.device_read == {"qweight": 4, "scales": 2, "x": 4}

@@ -118,6 +118,16 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
             for act in ACTS:
                 add(f"ws_ahead_{fname}_{act}_m{m}", fmt, md.tuned_schedule(fmt, m, None, 4096, 4096), act,
                     [(m, 40, 768), (m + 2, 33, 768)])
+    for fname, group, act, lanes, ahead, tile_m, unroll in (  # activations shared by shuffles (2:4)
+            ("fp4_2of4", 128, "f16", 4, 1, 8, 1), ("int4_2of4", 128, "bf16", 2, 0, 16, 2),
+            ("fp4_2of4", 32, "bf16", 4, 0, 16, 1), ("int4_2of4", 256, "f16", 4, 1, 16, 2)):
+        fmt = md.builtin_format(fname, group)
+        chunk = stream_layout(fmt, CUDA).dense_chunk
+        sched = Schedule("ws_shfl", tile_m=tile_m, tile_n=32, tile_k=chunk, warps_m=1, warps_n=1,
+                         pipeline=WeightStream(k_warps=4, depth=2, unroll=unroll, x_ahead=ahead, x_shuffle=lanes))
+        k = -(-6 * chunk // group) * group if group >= 128 else 7 * chunk - 32  # group 32: predicated, a K tail
+        add(f"ws_shfl{lanes}_{fname}_{group}_{act}_a{ahead}_m{tile_m}", fmt, sched, act,
+            [(1, 40, k), (tile_m + 3, 33, k)])
     fmt = md.builtin_format("fp4", 32)  # the lookahead predicated, with a K tail, unrolled
     add("ws_ahead_ktail_fp4", fmt, ws_schedule(fmt, k_warps=4, depth=1, unroll=2, x_ahead=1), "bf16",
         [(3, 20, 7 * stream_layout(fmt, CUDA).dense_chunk - 32)])

@@ -176,7 +176,7 @@ def test_ring_and_probe_variants_are_built(tmp_path: Path) -> None:
 def test_lookahead_and_small_m_tile_variants_are_built(tmp_path: Path) -> None:
     """`--x-ahead 0,1` adds kernels with WeightStream(x_ahead=1) (`_xa1`), `--tile-m 8` runs
     M = 16 as two 8-row tiles (`_at16`, named apart from the M = 1 kernel of the same tiles);
-    the tuned 2:4 schedules carry x_ahead into their names."""
+    the tuned 2:4 schedules carry x_ahead (and at M = 16 x_shuffle) into their names."""
     rc = decode_sweep.main(["--dry-run", "--out", str(tmp_path), "--ms", "1,16", "--shapes", "4096x4096",
                             "--no-sass", "--no-interpret", "--formats", "fp4_2of4", "--k-warps", "8", "--depth", "2",
                             "--warps-n", "1", "--unroll", "1", "--vectors", "1", "--x-ahead", "0,1",
@@ -188,4 +188,5 @@ def test_lookahead_and_small_m_tile_variants_are_built(tmp_path: Path) -> None:
     assert kernels["fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1_at16"]["m"] == 16
     assert kernels["fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1"]["x_ahead"] == 1
     tuned = [k for k in kernels.values() if k["tuned_for"]]
-    assert tuned and all(k["x_ahead"] == 1 and k["name"].endswith(("_xa1", "_xa1_at16")) for k in tuned)
+    assert tuned and all(k["x_ahead"] == 1 and k["name"].endswith(("_xa1", "_xa1_xs4")) for k in tuned)
+    assert {k["x_shuffle"] for k in tuned if k["m"] == 16} == {4}  # M = 16: loads shared by shuffles

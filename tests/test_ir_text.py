@@ -109,6 +109,7 @@ def every_op_kernel() -> Kernel:
     fb32 = b.value("frag_build", [x0] * 8, FragmentType("b", F16, 32, 8), hint="fb")
     b.value("mma_sp", [fa16, fb32, acc_end, tid], FRAG_C, {"selector": 1}, hint="acc")
     b.value("frag_elems", [acc_end], VectorType(F32, 4), hint="ce")
+    b.value("shfl_xor", [b.value("vec", [x0, x0], VectorType(F16, 2))], VectorType(F16, 2), {"mask": 3}, hint="sh")
     # asynchronous copies: device x -> shared a_s, predicated and not, then commit and wait
     b.op("async_copy", [zero, zero, p], attrs={"dst": "a_s", "src": "x", "size": 8})
     b.op("async_copy", [four, four], attrs={"dst": "a_s", "src": "x", "size": 2})

@@ -16,6 +16,8 @@ from marlin_dsl.ir.verify import verify_legal
 #: Ops a target deliberately cannot print (everything else in OPS it must).
 ILLEGAL = {
     "metal": {"async_copy", "async_commit", "async_wait", "mma_sp",
+              # warp shuffles: only CUDA's 2:4 activation loads use them (Metal's 2:4 scatters)
+              "shfl_xor",
               # the warpgroup MMA (sm_90a)
               "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait",
               # warp specialisation (mbarriers: sm_90's split-phase barriers)

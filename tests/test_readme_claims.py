@@ -386,18 +386,25 @@ def _sweep_name(fmt_name: str, m: int, k: int, n: int) -> str:
 
 
 def test_sparse_decode_round() -> None:
-    """Issue 33: the 2:4 decode before (run 1's tuned kernels) and now (run 3's, which must be
-    what `tuned_schedule` picks today) against dense fp4 in run 3, in bench/README.md and the
-    results README."""
+    """Issue 33: the 2:4 decode before (run 1's tuned kernels) and after (run 3's tuned ones:
+    `tuned_schedule` picks them today at M = 1; at M = 16 run 18 of the next round replaced
+    them) against dense fp4 in run 3, in bench/README.md and the results README."""
     base = "issue33_h200_2026-11-28"
     before, now = _sweep_times(f"{base}/run1_schedules"), _sweep_times(f"{base}/run3_tuned")
-    old_labels = _load(f"{base}/run1_schedules/decode_sweep_labels.json")
-    old_tuned = {(lab["M"], lab["K"], lab["N"]): lab["kernel"] for lab in old_labels
-                 if lab.get("tuned") and lab["subject"] == "fp4_2of4"}
+
+    def tuned_in(run: str) -> dict:
+        return {(lab["M"], lab["K"], lab["N"]): lab["kernel"] for lab in _load(f"{base}/{run}/decode_sweep_labels.json")
+                if lab.get("tuned") and lab["subject"] == "fp4_2of4"}
+    old_tuned, run3_tuned = tuned_in("run1_schedules"), tuned_in("run3_tuned")
+    for k, n in SHAPES:
+        assert run3_tuned[(1, k, n)] == _sweep_name("fp4_2of4", 1, k, n)
     text = " ".join(BENCH_README.split())
     results = " ".join((RESULTS / base / "README.md").read_text().split())
     for m, now_phrase, was_phrase in ((1, "at M = 1 {}", "(was {})"), (16, "at M = 16 {}", "(was {})")):
-        sparse_now = [now[(_sweep_name("fp4_2of4", m, k, n), m, k, n)] for k, n in SHAPES]
+        # M = 16: the schedule tuned after run 3's dry run (8-row M tiles, two N tiles a warp,
+        # 8 K warps, depth 2, x_ahead), until run 18 of the next round
+        sparse_now = [now[(run3_tuned[(m, k, n)] if m == 1 else "fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1_at16", m, k, n)]
+                      for k, n in SHAPES]
         sparse_was = [before[(old_tuned[(m, k, n)], m, k, n)] for k, n in SHAPES]
         dense = [now[(_sweep_name("fp4", m, k, n), m, k, n)] for k, n in SHAPES]
         slash = " / ".join(f"{v:.1f}" for v in sparse_now)

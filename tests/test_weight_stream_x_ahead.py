@@ -117,13 +117,17 @@ def test_ahead_runs_on_metal_too() -> None:
     assert result.ok, result
 
 
-@pytest.mark.parametrize("m,k,n,tile_n,k_warps", [(1, 4096, 4096, 16, 16), (8, 4096, 14336, 16, 8),
-                                                  (16, 14336, 4096, 32, 8), (12, 4096, 4096, 32, 8)])
-def test_tuned_sparse_schedules_load_activations_ahead(m: int, k: int, n: int, tile_n: int, k_warps: int) -> None:
-    """The tuned 2:4 decode schedules (bench/results/issue33_h200_2026-11-28) carry x_ahead,
-    and dense formats keep theirs (x_ahead did not pay there)."""
+@pytest.mark.parametrize("m,k,n,tile_m,tile_n,k_warps,x_shuffle", [
+    (1, 4096, 4096, 8, 16, 16, 0), (8, 4096, 14336, 8, 16, 8, 0),
+    (16, 14336, 4096, 16, 32, 16, 4), (12, 4096, 4096, 16, 32, 8, 4), (16, 4096, 14336, 16, 32, 8, 4)])
+def test_tuned_sparse_schedules_load_activations_ahead(m: int, k: int, n: int, tile_m: int, tile_n: int,
+                                                       k_warps: int, x_shuffle: int) -> None:
+    """The tuned 2:4 decode schedules (bench/results/issue33_h200_2026-11-28, and run 18 of
+    issue33_h200_2026-11-29 for M = 16: activation loads shared through shuffles) carry
+    x_ahead, and dense formats keep theirs (x_ahead did not pay there)."""
     sched = tuned_schedule(md.builtin_format("fp4_2of4"), m, CUDA, k, n)
-    assert (sched.tile_m, sched.tile_n, sched.pipeline.k_warps, sched.pipeline.x_ahead) == (8, tile_n, k_warps, 1)
+    p = sched.pipeline
+    assert (sched.tile_m, sched.tile_n, p.k_warps, p.x_ahead, p.x_shuffle) == (tile_m, tile_n, k_warps, 1, x_shuffle)
     assert tuned_schedule(md.builtin_format("fp4"), m, CUDA, k, n).pipeline.x_ahead == 0
 
 

@@ -4,7 +4,8 @@ For every format, M and weight shape [K, N], the candidates are the tuned schedu
 (`targets/cuda/tuning.py`) and the grid k_warps x depth x warps_n x n_tiles (tile_n = 16 warps_n n_tiles) x unroll
 x vectors (K vectors per step: tile_k = vectors x the layout's chunk; tile_m 8 for M <= 8, else 16)
 x stages (`--stages`: the weight words through a shared ring filled by cp.async; 0 = registers)
-x x_ahead (`--x-ahead`: the activations' B fragments loaded a step ahead; `--tile-m` fixes tile_m),
+x x_ahead (`--x-ahead`: the activations' B fragments loaded a step ahead; `--tile-m` fixes tile_m)
+x x_shuffle (`--x-shuffle`: 2:4 activation loads shared by 2 or 4 lanes through warp shuffles),
 and with `--probe` text-mutated copies (l1na: weight loads that skip L1; xpf1/xpf2: activations
 prefetched 1/2 steps ahead; the candidates and the kernels folder: decode_sweep_kernels.py). Per candidate, on the GPU through MLX's CUDA backend:
 
@@ -399,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vectors", default="1,2", help="K vectors per step (tile_k = vectors x the layout's chunk)")
     ap.add_argument("--stages", default="0", help="shared ring slots per warp for the weights (0: registers)")
     ap.add_argument("--x-ahead", default="0", help="0,1: B fragments loaded a step ahead (WeightStream.x_ahead)")
+    ap.add_argument("--x-shuffle", default="0", help="0,2,4: activation loads shared by lanes (WeightStream.x_shuffle; 2:4)")
     ap.add_argument("--probe", default="", help="dry run: also text-mutated variants (l1na)")
     ap.add_argument("--metrics", default="", help="more ncu metrics, comma-separated (kept per row)")
     ap.add_argument("--timer", default="ncu", choices=("ncu", "wall"))

@@ -25,26 +25,29 @@ def candidates(args) -> list[dict]:
 
     def add(fmt_name: str, m: int, tile_m: int, warps_n: int, k_warps: int, depth: int, unroll: int,
             vectors: int, tuned_for: tuple[int, int] | None = None, n_tiles: int = 1, stages: int = 0,
-            x_ahead: int = 0) -> None:
+            x_ahead: int = 0, x_shuffle: int = 0) -> None:
         tile_n = 16 * warps_n * n_tiles
-        name = kernel_name(fmt_name, m, tile_m, tile_n, n_tiles, k_warps, depth, unroll, vectors, stages, x_ahead)
-        if name not in out:
+        name = kernel_name(fmt_name, m, tile_m, tile_n, n_tiles, k_warps, depth, unroll, vectors, stages, x_ahead,
+                           x_shuffle)
+        key = f"{name}@m{m}"  # a kernel serves any M; each M it is a candidate for is timed
+        if key not in out:
             fmt = md.builtin_format(fmt_name)
             chunk = stream_layout(fmt, CUDA).dense_chunk
             sched = Schedule(name, tile_m=tile_m, tile_n=tile_n, tile_k=vectors * chunk,
                              warps_m=1, warps_n=warps_n,
                              pipeline=WeightStream(k_warps=k_warps, depth=depth, unroll=unroll, stages=stages,
-                                                    x_ahead=x_ahead))
+                                                    x_ahead=x_ahead, x_shuffle=x_shuffle))
             try:
                 sched.check(fmt, CUDA)
             except ScheduleError as exc:
                 print(f"skip {name}: {exc}")
                 return
-            out[name] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": tile_n,
+            out[key] = {"name": name, "format": fmt_name, "m": m, "tile_m": tile_m, "tile_n": tile_n,
                          "warps_n": warps_n, "n_tiles": n_tiles, "k_warps": k_warps, "depth": depth, "unroll": unroll,
-                         "vectors": vectors, "stages": stages, "x_ahead": x_ahead, "tuned_for": [], "schedule": sched}
+                         "vectors": vectors, "stages": stages, "x_ahead": x_ahead, "x_shuffle": x_shuffle,
+                         "tuned_for": [], "schedule": sched}
         if tuned_for is not None:
-            out[name]["tuned_for"].append(list(tuned_for))
+            out[key]["tuned_for"].append(list(tuned_for))
 
     for fmt_name in args.formats.split(","):
         fmt = md.builtin_format(fmt_name)
@@ -55,28 +58,32 @@ def candidates(args) -> list[dict]:
             for k, n in shapes:
                 t = tuned_schedule(fmt, m, CUDA, k, n)
                 add(fmt_name, m, t.tile_m, t.warps_n, **_grid_fields(fmt, t), tuned_for=(k, n))
-            for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages, x_ahead in itertools.product(
+            for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages, x_ahead, x_shuffle in itertools.product(
                     ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
-                    ints(args.n_tiles), ints(args.stages), ints(args.x_ahead)):
+                    ints(args.n_tiles), ints(args.stages), ints(args.x_ahead), ints(getattr(args, "x_shuffle", "0"))):
+                if x_shuffle and not stream_layout(fmt, CUDA).sparse:
+                    continue  # the shuffled activation loads are for 2:4 layouts
                 # a warp's registers grow with its N tiles: past 1024 "thread-tiles" ptxas's count
                 # (130-168 for 4 tiles of 512 threads) exceeds what 65536 registers allow
                 if 32 * k_warps * warps_n <= 1024 and 32 * k_warps * n_tiles <= 1024:
                     add(fmt_name, m, tile_m, warps_n, k_warps, depth, unroll, vectors, n_tiles=n_tiles, stages=stages,
-                        x_ahead=x_ahead)
+                        x_ahead=x_ahead, x_shuffle=x_shuffle)
     return list(out.values())
 
 
 def kernel_name(fmt_name: str, m: int, tile_m: int, tile_n: int, n_tiles: int, k_warps: int, depth: int,
-                unroll: int, vectors: int, stages: int = 0, x_ahead: int = 0) -> str:
+                unroll: int, vectors: int, stages: int = 0, x_ahead: int = 0, x_shuffle: int = 0) -> str:
     """A candidate's name: its schedule's fields. n_tiles > 1: one warp decodes several 16-row
     N tiles and reuses each B fragment (activation load) across them; `_s`: the weight words
-    through a shared ring; `_xa`: B fragments loaded a step ahead; `_at{m}`: M tiles smaller
+    through a shared ring; `_xa`: B fragments loaded a step ahead; `_xs{L}`: activation loads
+    shared by L lanes through warp shuffles; `_at{m}`: M tiles smaller
     than the default's for M (8 below 9 rows, else 16)."""
     wide = f"t{n_tiles}" if n_tiles > 1 else ""
     ring = f"_s{stages}" if stages else ""
     xa = f"_xa{x_ahead}" if x_ahead else ""
+    xs = f"_xs{x_shuffle}" if x_shuffle else ""
     at = f"_at{m}" if tile_m < (8 if m <= 8 else 16) else ""
-    return f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}{xa}{at}"
+    return f"{fmt_name}_m{tile_m}_n{tile_n}{wide}_kw{k_warps}_d{depth}_u{unroll}_v{vectors}{ring}{xa}{xs}{at}"
 
 
 def _grid_fields(fmt, sched) -> dict:
@@ -88,7 +95,8 @@ def _grid_fields(fmt, sched) -> dict:
     p = sched.pipeline
     return {"k_warps": p.k_warps, "depth": p.depth, "unroll": p.unroll,
             "vectors": sched.tile_k // stream_layout(fmt, CUDA).dense_chunk,
-            "n_tiles": sched.tile_n // (16 * sched.warps_n), "stages": p.stages, "x_ahead": p.x_ahead}
+            "n_tiles": sched.tile_n // (16 * sched.warps_n), "stages": p.stages, "x_ahead": p.x_ahead,
+            "x_shuffle": p.x_shuffle}
 
 
 def tuned_kernel_name(fmt_name: str, m: int, k: int, n: int) -> str:

@@ -17,7 +17,7 @@ from ..ir.types import FragmentType, ScalarType, Type, VectorType
 
 #: The instruction classes, in the order reports print them.
 CLASSES: tuple[str, ...] = ("int", "float", "cvt", "ld.dev", "ld.shared", "ld.const",
-                            "st.shared", "st.dev", "mma", "sync", "move", "other")
+                            "st.shared", "st.dev", "shfl", "mma", "sync", "move", "other")
 
 #: Ops that cost nothing in the printed kernel (see the module docstring).
 FREE_OPS = frozenset({"const", "bitcast", "yield"})
@@ -134,6 +134,8 @@ def op_cost(op: Op, kernel: Kernel) -> OpCost:
         return _memory_cost(op, kernel)
     if name == "table":
         return OpCost("ld.const")
+    if name == "shfl_xor":  # a lane exchange: a real instruction (CUDA's SHFL), unlike moves
+        return OpCost("shfl")
     if name in _MMA:
         shared = _wgmma_shared_bytes(op, kernel) if name == "wgmma" else 0.0
         return OpCost("mma", shared_read=shared)

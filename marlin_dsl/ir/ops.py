@@ -14,7 +14,7 @@ from typing import Callable
 from . import semantics
 from .core import BufferParam, Kernel, Op, SharedArray
 from .tensor_rules import (_async_copy, _async_wait, _frag_build, _frag_elems, _frag_load, _frag_store,
-                           _frag_zero, _mma, _mma_sp, _vstore, _wgmma, _wgmma_fence, _wgmma_wait)
+                           _frag_zero, _mma, _mma_sp, _shfl_xor, _vstore, _wgmma, _wgmma_fence, _wgmma_wait)
 from .sync_rules import _mbarrier, _warp_roles
 from .types import BOOL, U8, U16, U32, ScalarType, Type, VectorType
 
@@ -364,6 +364,10 @@ _define(
     OpDef("async_wait", (0, 0), ("pending",), writes_memory=True, rule=_async_wait,
           doc="wait until at most `pending` of this thread's committed groups are in flight; the "
               "retired copies are visible to this thread, to others after a barrier"),
+    # pipe "memory": a shuffle crosses the warp like a shared-memory access (CUDA's MIO pipe)
+    OpDef("shfl_xor", (1, 1), ("mask",), results=(1, 1), collective=True, rule=_shfl_xor, pipe="memory",
+          doc="the operand's value in lane (this lane xor mask) of the warp: a warp shuffle, "
+              "executed by every lane of the warp"),
     OpDef("mma", (3, 3), results=(1, 1), collective=True, rule=_mma, doc="c + a @ b"),
     OpDef("mma_sp", (4, 4), ("selector",), results=(1, 1), collective=True, rule=_mma_sp,
           doc="c + decompress(a, meta) @ b: 2:4 sparse a, compressed to half its columns; meta is "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..machine.target import TARGETS, Target
 from .core import BufferParam, Kernel, Op, SharedArray
-from .types import BF16, BOOL, F16, F32, U32, FragmentType, VectorType
+from .types import BF16, BOOL, F16, F32, U32, FragmentType, ScalarType, VectorType
 
 
 def _target(kernel: Kernel) -> Target | None:
@@ -101,6 +101,22 @@ def _frag_elems(op: Op, kernel: Kernel) -> str | None:
         return layout
     want = VectorType(t.elem, int(layout[0].shape[1]))
     return None if op.result.type == want else f"frag_elems of {t} gives {want}, not {op.result.type}"
+
+
+def _shfl_xor(op: Op, kernel: Kernel) -> str | None:
+    """A 32-bit value (one register: u32, i32, f32 or a pair of 16-bit floats) and a lane
+    mask the warp's lanes are xor-ed with."""
+    t = op.operands[0].type
+    word = (isinstance(t, ScalarType) and t.bits == 32) or (
+        isinstance(t, VectorType) and t.size == 2 and t.elem.name in ("f16", "bf16"))
+    if not word:
+        return f"shfl_xor moves 32-bit values (u32, i32, f32, vec<f16|bf16, 2>), got {t}"
+    if op.result.type != t:
+        return f"result type {op.result.type} must be the operand's {t}"
+    mask = op.attrs.get("mask")
+    if not isinstance(mask, int) or isinstance(mask, bool) or not 0 < mask < 32:
+        return f"shfl_xor mask must be an integer in 1..31 (lanes of a 32-lane warp), got {mask!r}"
+    return None
 
 
 def _memory_name(op: Op, kernel: Kernel) -> str | None:

@@ -36,13 +36,15 @@ from .parts.epilogues import KWarpReduce
 from .parts.ring_fetch import RingFetch
 from .parts.shell import gemm_buffers, gemm_kernel
 from .parts.stream_family import StreamFamily
+from .parts.x_transpose import ActivationTranspose
 from ..layouts.weight_stream import layout_name
 
 
-class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
+class WeightStreamLowering(StreamFamily, RingFetch, ActivationTranspose, KWarpReduce):
     def __init__(self, ctx: GemmContext) -> None:
         super().__init__(ctx)
         self.init_stream()
+        self.init_x_transpose(self.pipeline.x_shuffle)
         # Scales on the sums: per step 4 FMAs per accumulator tile instead of a multiply per
         # weight pair (16 per lane-step); with more than two M tiles per warp the FMAs cost more.
         self.scale_sums = self.sums_scalable() and self.msub <= 2
@@ -52,6 +54,8 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         s, p = self.s, self.pipeline
         wn, wk = self.stream_setup(("lane", "warp"), "wk", "nt", clamp=False)
         self.setup_fetch(s.tile_k // self.layout.dense_chunk)  # vectors per step
+        if self.x_plan is not None:
+            self.setup_x_transpose()
         depth, unroll, kw = p.depth, p.unroll, p.k_warps  # steps in flight; steps per iteration
         first_step, end = self.step_range(wk, wn)  # this warp's steps: first_step, + kw, .. < end
         if p.stages:  # weight words through the shared ring, stages - 1 steps ahead
@@ -112,7 +116,8 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         self.reduce_and_store(results[len(first) + len(first_x):], wk, wn,
                               self.pairs.rebias if self.rebias_at_end else 1.0)
         return gemm_kernel(
-            self.ctx, buffers=gemm_buffers(self.ctx, self.extra_buffers()), tables=self.stream_tables(),
+            self.ctx, buffers=gemm_buffers(self.ctx, self.extra_buffers()),
+            tables=self.stream_tables(self.x_transpose_tables()),
             shared=[SharedArray("red_s", F32, p.k_warps * s.tile_n * s.tile_m), *self.ring_arrays],
             attrs={"k_warps": p.k_warps, "weight_layout": self.weight_layout()},
             memory="shared memory for the K reduction (k_warps x tile_n x tile_m f32)"
@@ -142,7 +147,8 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
 
     def load_b_fragments(self, ks: Value, clamp: bool = True) -> list[Value]:
         """Step ks's B fragments, [vector][K tile][M tile] flat: what `x_ahead` loads a step
-        early and carries. With clamped loads, `clamp` reads step min(ks, KS - 1) (False:
+        early and carries (with `x_shuffle`: the loads, [vector][K tile][M tile][unit], which
+        the step transposes). With clamped loads, `clamp` reads step min(ks, KS - 1) (False:
         ks < KS is known); predicated loads read zeros past K."""
         if self.clamped and clamp:
             ks = self.op2("min", ks, self.last_step, hint="kc")
@@ -152,12 +158,22 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
             out += self.b_fragments_of_vector(k_vec0)
         return out
 
+    def b_fragment(self, k_tile0: Value, mt: int) -> Value:
+        """The B fragment of K tile k_tile0 and M tile mt: with `x_shuffle` from wide loads
+        transposed across lanes (parts/x_transpose.py), else RegisterFetch's."""
+        if self.x_plan is not None:
+            return self.transposed_fragment(self.shuffle_loads(k_tile0, mt))
+        return super().b_fragment(k_tile0, mt)
+
     def b_fragments_of_vector(self, k_vec0: Value) -> list[Value]:
         """The B fragments of the K vector at dense K k_vec0, [K tile][M tile] flat."""
         runs = [self.x_runs(k_vec0, mt) for mt in range(self.msub)] if self.x_perm else None
         out: list[Value] = []
         for s_ in range(self.layout.tiles):
-            if runs is not None:
+            if self.x_plan is not None:  # the loads; the step transposes them where it reads them
+                k_tile0 = self.op2("add", k_vec0, s_ * self.tile_k_dense, hint="kt") if s_ else k_vec0
+                out += [v for mt in range(self.msub) for v in self.shuffle_loads(k_tile0, mt)]
+            elif runs is not None:
                 out += [self.b_fragment_from_run(run, s_) for run in runs]
             else:
                 k_tile0 = self.op2("add", k_vec0, s_ * self.tile_k_dense, hint="kt") if s_ else k_vec0
@@ -171,7 +187,8 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
         mk = self.tile_k_dense
         words, meta, params = self.unpack_fetched(fetched)
         parts = []
-        per_vector = self.layout.tiles * self.msub
+        units = self.x_plan.units if self.x_plan is not None else 1  # carried values per B fragment
+        per_vector = self.layout.tiles * self.msub * units
         for v, kv in enumerate(self.step_vectors(ks)):
             k_vec0 = self.op2("mul", kv, self.layout.dense_chunk, hint="kb")
             runs = [self.x_runs(k_vec0, mt) for mt in range(self.msub)] if self.x_perm and b_ahead is None else None
@@ -180,8 +197,11 @@ class WeightStreamLowering(StreamFamily, RingFetch, KWarpReduce):
             def b_frags_for(s_: int, k_vec0: Value = k_vec0, runs=runs, k_tile=k_tile, v: int = v) -> list[Value]:
                 k_tile[s_] = k_tile0 = self.op2("add", k_vec0, s_ * mk, hint="kt") if s_ else k_vec0
                 if b_ahead is not None:
-                    at = v * per_vector + s_ * self.msub
-                    return b_ahead[at:at + self.msub]
+                    at = v * per_vector + s_ * self.msub * units
+                    if self.x_plan is None:
+                        return b_ahead[at:at + self.msub]
+                    return [self.transposed_fragment(b_ahead[at + mt * units:at + (mt + 1) * units])
+                            for mt in range(self.msub)]
                 if runs is not None:
                     return [self.b_fragment_from_run(run, s_) for run in runs]
                 return [self.b_fragment(k_tile0, mt) for mt in range(self.msub)]

@@ -78,7 +78,8 @@ class WeightStream:
     step loads that many consecutive vectors and loads its scales, and multiplies its sums by
     them, once), warps_m 1. Pipeline fields: k_warps, depth (steps fetched ahead), unroll
     (steps per loop iteration), stages (a shared ring for the weight words, see below),
-    x_ahead (the activations' B fragments loaded a step ahead, see below)."""
+    x_ahead (the activations' B fragments loaded a step ahead, see below), x_shuffle (lanes
+    sharing their activation loads through warp shuffles, see below)."""
 
     k_warps: int = 4
     depth: int = 1  # steps fetched ahead of the one computing (registers per extra step: ~6)
@@ -100,6 +101,13 @@ class WeightStream:
     #: at M <= 16, whose B fragments are 16-32 two-element loads a step, the stall on them
     #: bounded the kernel (bench/results/issue33_h200_2026-11-28).
     x_ahead: int = 0
+    #: Lanes that share their activation loads (0, 2 or 4): with L, each lane loads L words of
+    #: activations with one vector load (64 or 128 bits) and the L lanes of a group transpose
+    #: them with warp shuffles (lowering/parts/x_transpose.py), instead of one two-element load
+    #: per word. For layouts without the K shuffle (2:4 on the sparse MMA, whose groups of 4
+    #: must stay together): there each two-element load touches as many L1 lines as the
+    #: 128-bit one (bench/results/issue33_h200_2026-11-29, run 17).
+    x_shuffle: int = 0
     #: Skip the empty blocks of a format with block patterns (seed 003): the target's
     #: skipping layout (`layouts/block_skip.py`) stores per block of the format's block_n rows
     #: only the K vectors that hold a non-zero, and each warp (its tile_n / warps_n rows lie
@@ -121,6 +129,10 @@ class WeightStream:
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream x_ahead must be 0 (activations "
                                 f"loaded in the step that reads them) or 1 (a step ahead), got {self.x_ahead!r}",
                                 schedule.location)
+        if not isinstance(self.x_shuffle, int) or isinstance(self.x_shuffle, bool) or self.x_shuffle not in (0, 2, 4):
+            raise ScheduleError(f"schedule {schedule.name!r}: weight_stream x_shuffle must be 0 (two-element "
+                                f"activation loads), 2 or 4 (lanes sharing 64- or 128-bit loads through warp "
+                                f"shuffles), got {self.x_shuffle!r}", schedule.location)
         if not isinstance(self.skip_empty, bool):
             raise ScheduleError(f"schedule {schedule.name!r}: weight_stream skip_empty must be True or "
                                 f"False, got {self.skip_empty!r}", schedule.location)
@@ -136,6 +148,8 @@ class WeightStream:
         if self.skip_empty:  # first: whether the target and format can skip at all
             check_skip(self, schedule, fmt, target)
         check_stream(schedule, self.kind, fmt, target, vectors=True, scatter=True)
+        if self.x_shuffle:
+            check_shuffle(self, schedule, fmt, target)
         if self.stages and target.async_copy_bytes < 4 * VECTOR_WORDS:
             raise ScheduleError(
                 f"schedule {schedule.name!r}: weight_stream stages={self.stages} copies the weight "
@@ -165,11 +179,23 @@ def check_skip(p: WeightStream, schedule: ScheduleShape, fmt: Format, target: Ta
         raise ScheduleError(
             f"schedule {name!r}: weight_stream skip_empty needs scale groups of whole vectors "
             f"({layout.stream.dense_chunk} K); format {fmt.name!r} has group_size {g}", where)
-    for field, value in (("stages", p.stages), ("x_ahead", p.x_ahead)):
+    for field, value in (("stages", p.stages), ("x_ahead", p.x_ahead), ("x_shuffle", p.x_shuffle)):
         if value:
             raise ScheduleError(
                 f"schedule {name!r}: weight_stream skip_empty does not take {field}="
                 f"{getattr(p, field)} (its steps are the stored vectors, known one fetch ahead)", where)
 
 
-__all__ = ["WeightStream", "check_skip", "check_stream"]
+def check_shuffle(p: WeightStream, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
+    """x_shuffle replaces the two-element activation loads of layouts without the K shuffle
+    (which already read each lane's activations as runs): 2:4 on the sparse MMA."""
+    layout = stream_layout(fmt, target, schedule.location)
+    if layout.k_perm is not None or layout.scatter is not None or not layout.sparse:
+        raise ScheduleError(
+            f"schedule {schedule.name!r}: weight_stream x_shuffle={p.x_shuffle} replaces the two-element "
+            f"activation loads of 2:4 formats on the sparse MMA; format {fmt.name!r} on {target.name} reads "
+            "its activations otherwise (as runs of the K shuffle, or scattered): set x_shuffle=0",
+            schedule.location)
+
+
+__all__ = ["WeightStream", "check_shuffle", "check_skip", "check_stream"]

@@ -101,7 +101,7 @@ from ..verify import verify
 from ..ops import OPS
 from .alu import _h_const, _h_evaluate, _h_extract, _h_index, _h_scalar, _h_select, _h_vec
 from .control import _h_for, _h_if, _h_switch
-from .fragments import _h_frag_build, _h_frag_load, _h_frag_store, _h_frag_zero, _h_mma, _h_mma_sp
+from .fragments import _h_frag_build, _h_frag_load, _h_frag_store, _h_frag_zero, _h_mma, _h_mma_sp, _h_shfl_xor
 from .machine import Fn, InterpreterError, _Machine, launch_size
 from .memory import (_h_async_commit, _h_async_copy, _h_async_wait, _h_atomic_add, _h_barrier,
                      _h_frag_elems, _h_load, _h_store, _h_vstore)
@@ -121,7 +121,7 @@ HANDLERS: dict[str, Callable[[_Machine, Op], Fn]] = {
     "load": _h_load, "vload": _h_load, "extract": _h_extract, "store": _h_store, "vstore": _h_vstore,
     "atomic_add": _h_atomic_add, "barrier": _h_barrier, "fence": _h_fence,
     "frag_zero": _h_frag_zero, "frag_load": _h_frag_load, "frag_build": _h_frag_build, "vec": _h_vec, "frag_store": _h_frag_store,
-    "frag_elems": _h_frag_elems, "async_copy": _h_async_copy, "async_commit": _h_async_commit,
+    "frag_elems": _h_frag_elems, "shfl_xor": _h_shfl_xor, "async_copy": _h_async_copy, "async_commit": _h_async_commit,
     "async_wait": _h_async_wait,
     "mma": _h_mma, "mma_sp": _h_mma_sp, "wgmma": _h_wgmma, "wgmma_fence": _h_wgmma_fence,
     "wgmma_commit": _h_wgmma_commit, "wgmma_wait": _h_wgmma_wait, "for": _h_for, "if": _h_if, "switch": _h_switch,

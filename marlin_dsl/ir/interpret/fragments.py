@@ -110,6 +110,32 @@ def _h_frag_build(m: _Machine, op: Op) -> Fn:
     return run
 
 
+def _h_shfl_xor(m: _Machine, op: Op) -> Fn:
+    """Every lane takes the operand of lane (lane xor mask) of its warp; a partially active
+    warp is an error (collective), as on the hardware, where an absent lane's value is undefined."""
+    x = m.slot(op.operands[0])
+    r = m.slot(op.result)
+    regs = m.regs
+    G, W, ws = m.G, m.W, m.ws
+    lane_mask = int(op.attrs["mask"])
+    if lane_mask >= ws:
+        raise InterpreterError(f"kernel {m.kernel.name}: {m.desc(op)}: mask {lane_mask} names a lane "
+                               f"past the warp's {ws}", kind="unsupported", op=op)
+    source = np.arange(ws) ^ lane_mask
+
+    def run(mask: _Mask) -> None:
+        warps = _warps(m, op, mask)
+        v = regs[x]
+        tail = v.shape[2:]
+        moved = v.reshape(G, W, ws, *tail)[:, :, source].reshape(v.shape)
+        if mask.full:
+            regs[r] = moved
+            return
+        keep = np.repeat(warps, ws, axis=1).reshape(G, W * ws, *([1] * len(tail)))
+        regs[r] = np.where(keep, moved, regs[r] if regs[r] is not None else np.zeros_like(moved))
+    return run
+
+
 def _h_frag_store(m: _Machine, op: Op) -> Fn:
     name = str(op.attrs["buffer"])
     _access_error(m, op, name, True)

@@ -152,10 +152,17 @@ class MmaEmitters:
                      f"mdsl::mma_sp<{int(selector)}>({ops[0]}, {ops[1]}, {ops[2]}, {ops[3]})")
 
 
+    def op_shfl_xor(self, op: Op, depth: int) -> None:
+        ops = self.refs(op)
+        # CUDA's own overloads (u32, i32, f32; __half2 and __nv_bfloat162 in cuda_fp16/bf16.h)
+        self.declare(depth, op.result, f"__shfl_xor_sync(0xFFFFFFFFu, {ops[0]}, {int(op.attrs['mask'])})")
+
+
 #: The entries of the CUDA printer's EMITTERS table these emitters fill (in its order).
 MMA_EMITTERS = {
     "frag_zero": MmaEmitters.op_frag_zero, "frag_load": MmaEmitters.op_frag_load,
     "frag_store": MmaEmitters.op_frag_store, "frag_elems": MmaEmitters.op_frag_elems,
     "async_copy": MmaEmitters.op_async_copy, "async_commit": MmaEmitters.op_async_commit,
     "async_wait": MmaEmitters.op_async_wait, "mma": MmaEmitters.op_mma, "mma_sp": MmaEmitters.op_mma_sp,
+    "shfl_xor": MmaEmitters.op_shfl_xor,
 }

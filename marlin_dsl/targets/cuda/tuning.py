@@ -34,9 +34,10 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
     one_k = stream_layout(fmt, target).dense_chunk
 
     def make(name: str, tile_m: int, k_warps: int, depth: int = 1, warps_n: int = 1,
-             tile_k: int = one_k, n_tiles: int = 1, x_ahead: int = 0) -> Schedule:
+             tile_k: int = one_k, n_tiles: int = 1, x_ahead: int = 0, x_shuffle: int = 0) -> Schedule:
         return Schedule(name, tile_m=tile_m, tile_n=16 * warps_n * n_tiles, tile_k=tile_k, warps_m=1,
-                        warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth, x_ahead=x_ahead))
+                        warps_n=warps_n, pipeline=WeightStream(k_warps=k_warps, depth=depth, x_ahead=x_ahead,
+                                                               x_shuffle=x_shuffle))
 
     # From ncu on an H100, cold L2 (bench/results/issue15_h100_2026-11-25c/decode: the sweep of
     # k_warps x depth x K vectors per step for fp4 on 4096^2, 4096 x 14336, 14336 x 4096): at
@@ -61,10 +62,19 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
         # and 14336 x 4096 in two runs (run 3: 7.6 / 14.9 us against 8.9 / 16.2; run 4: 7.6 /
         # 15.5 against 8.8 / 16.2), float codes slower (fp4 2:4, run 4: 8.1 / 16.1 against
         # 7.7 / 14.1), so integer encodings take 8 K warps at M <= 8.
+        # At M = 16 the two-element activation loads bounded the kernel at the L1 (run 17 on
+        # the H200: L1 throughput 87%, 4.6 M tag requests on 4096 x 14336 against dense's
+        # 2.1 M): 128-bit loads shared by the 4 lanes of a quad through warp shuffles
+        # (`x_shuffle=4`) with 16-row M tiles, two N tiles a warp, depth 1 and x_ahead took
+        # 12.9 / 34.6 / 26.9 us to 11.1 / 22.9 / 19.3 (run 18: 16 K warps where K > N, else 8;
+        # dense fp4 8.7 / 18.8 / 17.3 in the same session). At M = 1 (one distinct row, every
+        # load the same line) the shuffles did not pay (run 18: the tuned 7.2 / 14.2 / 13.5 us
+        # stayed ahead of 24 variants); M = 2..8 was not measured with them.
         if m <= 8:
             sparse_k_warps = 8 if isinstance(fmt.element, IntEncoding) else k_warps
             return make("stream_m8_sparse", 8, sparse_k_warps, depth=2, x_ahead=1)
-        return make("stream_m16_sparse", 8, 8, depth=2, n_tiles=2, x_ahead=1)
+        long_k = k is not None and n is not None and k > n
+        return make("stream_m16_sparse", 16, 16 if long_k else 8, depth=1, n_tiles=2, x_ahead=1, x_shuffle=4)
     if m <= 8:
         return make("stream_m8", 8, k_warps, depth=2, tile_k=pair_k)
     if m <= 16:
