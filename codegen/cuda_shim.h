@@ -84,6 +84,14 @@ template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32,
                          std::source_location loc = std::source_location::current());
 
+// Shared-window addresses (what wgmma descriptors and swizzles use): offsets from a
+// 1024-aligned base below the block's shared memory (cuda_shim_runtime.h).
+inline uint32_t __cvta_generic_to_shared(const void* p) {
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) - mdsl_cpu::g_shared_base);
+}
+
+#include "cuda_shim_wgmma.h"  // wgmma, its fences and descriptors (needs __cvta_generic_to_shared)
+
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 

@@ -24,9 +24,10 @@ namespace mdsl_cpu {
 
 typedef Dim3 dim3_t;
 
-enum CallKind { CALL_NONE = 0, CALL_SYNCWARP, CALL_MMA, CALL_MMA_SP, CALL_SHFL };
+enum CallKind { CALL_NONE = 0, CALL_SYNCWARP, CALL_MMA, CALL_MMA_SP, CALL_SHFL, CALL_WGMMA, CALL_MBAR_WAIT };
 inline const char* call_name(int k) {
-  static const char* names[] = {"-", "__syncwarp", "mma.sync m16n8k16", "mma.sp m16n8k32", "shfl.sync.bfly"};
+  static const char* names[] = {"-", "__syncwarp", "mma.sync m16n8k16", "mma.sp m16n8k32", "shfl.sync.bfly",
+                                "wgmma.mma_async", "mbarrier.try_wait.parity"};
   return names[k];
 }
 
@@ -47,6 +48,26 @@ struct AsyncQueue {
 inline AsyncQueue g_async[1024];  // per thread of the running block (at most 1024 threads)
 
 inline AsyncQueue& async_queue(const Fiber* f) { return g_async[f->tid]; }
+
+// The calling thread waits until another thread calls wake(key) (a split-phase barrier's
+// waiters: the dialect's `kind` names the wait in a deadlock report).
+inline void wait_for(const void* key, int kind, const std::source_location& loc) {
+  Fiber* f = g_fiber;
+  f->call = Call{kind, Site::of(loc), const_cast<void*>(key)};
+  f->site = f->call.site;
+  f->state = S_WAIT;
+  suspend(f);
+}
+
+// Every thread waiting for `key` may run again (and re-checks what it waits for).
+inline void wake(const void* key) {
+  Group* g = g_fiber->group;
+  for (auto& o : g->fibers)
+    if (o.state == S_WAIT && o.call.args == key) make_runnable(g, &o);
+}
+
+// Where the shared window starts (see poison_shared_memory); set before every block.
+inline uintptr_t g_shared_base = 0;
 
 typedef void (*Thunk)(void** buffers);
 
@@ -91,6 +112,13 @@ inline bool poison_shared_memory(volatile unsigned char* anchor, std::string& er
     return false;
   }
   std::memset(s.data, 0xFF, s.size);
+  // The shared window (__cvta_generic_to_shared): addresses from the block's start rounded
+  // down to 1024 bytes, so that their low 10 bits (wgmma's 128-byte swizzle) are the host's.
+  g_shared_base = reinterpret_cast<uintptr_t>(s.data) & ~static_cast<uintptr_t>(1023);
+  if (reinterpret_cast<uintptr_t>(s.data) + s.size - g_shared_base > (1u << 18)) {
+    error = fmt("shared memory of %zu bytes does not fit the 256 KB shared window", s.size);
+    return false;
+  }
   return true;
 }
 

@@ -73,7 +73,7 @@ struct Call {
   void* args = nullptr;
 };
 
-enum State { S_NEW, S_RUNNABLE, S_RUNNING, S_BARRIER, S_WARP, S_DONE };
+enum State { S_NEW, S_RUNNABLE, S_RUNNING, S_BARRIER, S_WARP, S_WAIT, S_DONE };  // S_WAIT: a dialect's wait_for
 
 struct Group;
 struct Fiber;

@@ -2,9 +2,11 @@
 compiles each kernel's exact text with g++ against codegen/cuda_shim.h and runs it with block
 and warp semantics; the outputs are checked against the float64 reference of the format.
 
-- Every non-wgmma GEMM kernel kind the suite builds: the seed pipelines (double-buffered,
-  fused-dequant, striped) for the 7 built-in formats, the weight-stream and multistage
-  pipelines for the 6 stream formats, f16 and bf16; M = 1, 3, 65 with N tails, K tails, the
+- Every GEMM kernel kind the suite builds but the sparse warpgroup: the seed
+  pipelines (double-buffered, fused-dequant, striped) for the 7 built-in formats, the
+  weight-stream and multistage pipelines for the 6 stream formats, the dense warpgroup pipeline
+  (wgmma, A from shared memory or registers) and its warp roles (mbarriers:
+  codegen/cuda_shim_wgmma.h), f16 and bf16; M = 1, 3, 65 with N tails, K tails, the
   unrolled stream loop, the stream's shared ring (`WeightStream(stages)`), 2..4 stages, guarded copies and the tuned schedules (the activation
   sparsify kernels and the sparse GEMM: test_cuda_cpu_activation.py; the formats MLX's layers
   load, affine with f16/bf16/f32 scales and biases, mxfp4, nvfp4, mxfp8, in every pipeline:
@@ -14,7 +16,9 @@ and warp semantics; the outputs are checked against the float64 reference of the
   metadata slots or thread pairs swapped in the Target table (which the packer and the
   interpreter share), a barrier or a cp.async wait removed (multistage, the stream's ring).
 - The shim's MMAs on probe kernels equal the exact products; unordered metadata, shared memory
-  nobody wrote, writes outside a buffer and wgmma kernels are reported.
+  nobody wrote, writes outside a buffer and the sparse wgmma are reported; a wgmma descriptor
+  off by one swizzle chunk fails, warp roles without their mbarrier waits fail and without an
+  arrival deadlock (reported).
 The shim's number formats are tested in test_cuda_cpu_shim.py.
 """
 from __future__ import annotations
@@ -29,7 +33,8 @@ import numpy as np
 import pytest
 
 import marlin_dsl as md
-from marlin_dsl import CUDA, DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, WeightStream
+from marlin_dsl import (CUDA, DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, Warpgroup,
+                        WeightStream)
 from marlin_dsl.checks.kernel_check import check_kernel, check_shapes
 from marlin_dsl.compiler import compile_gemm
 from marlin_dsl.ir import F16, F32, BF16, Builder, BufferParam, FragmentType, GridDim, Kernel, SharedArray, verify
@@ -37,7 +42,7 @@ from marlin_dsl.layouts.weight_stream import stream_layout
 from marlin_dsl.targets.cuda.cpu_harness import (CudaCPUError, compile_cuda_cpu, cuda_cpu_executor,
                                                  find_compiler, run_cuda_cpu)
 from marlin_dsl.targets.cuda.printer import print_cuda
-from marlin_dsl.targets.cuda.tuning import skip_schedule
+from marlin_dsl.targets.cuda.tuning import skip_schedule, warpgroup_roles_schedule, warpgroup_schedule
 
 from lazy_builds import LazyBuilds
 
@@ -128,6 +133,20 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
         k = -(-6 * chunk // group) * group if group >= 128 else 7 * chunk - 32  # group 32: predicated, a K tail
         add(f"ws_shfl{lanes}_{fname}_{group}_{act}_a{ahead}_m{tile_m}", fmt, sched, act,
             [(1, 40, k), (tile_m + 3, 33, k)])
+    for fname, act, m in (("fp4", "f16", 2048), ("uint4_zp", "bf16", 2048), ("nf4", "bf16", 200),
+                          ("int4", "f16", 200)):  # the warpgroup MMA (wgmma, cuda_shim_wgmma.h), tuned
+        fmt = md.builtin_format(fname)
+        sched = warpgroup_schedule(fmt, m, CUDA)
+        add(f"wg_tuned_{fname}_{act}_m{m}", fmt, sched, act, [(3, 136, 512), (sched.tile_m + 44, 128, 384)])
+    for fname, act in (("fp4", "f16"), ("uint4_zp", "bf16")):  # warp roles: producers, consumers, mbarriers
+        fmt = md.builtin_format(fname)
+        add(f"wg_roles_{fname}_{act}", fmt, warpgroup_roles_schedule(fmt, 2048, CUDA), act,
+            [(3, 136, 512), (300, 128, 384)])
+    for fname, act in (("fp4", "f16"), ("uint4_zp", "bf16")):  # A from registers
+        fmt = md.builtin_format(fname)
+        sched = Schedule("wg_regs", tile_m=256, tile_n=128, tile_k=stream_layout(fmt, CUDA).dense_chunk, warps_m=1,
+                         warps_n=8, pipeline=Warpgroup(stages=4, depth=2, a_source="registers"))
+        add(f"wg_regs_{fname}_{act}", fmt, sched, act, [(1, 136, 512), (260, 72, 256)])
     fmt = md.builtin_format("fp4", 32)  # the lookahead predicated, with a K tail, unrolled
     add("ws_ahead_ktail_fp4", fmt, ws_schedule(fmt, k_warps=4, depth=1, unroll=2, x_ahead=1), "bf16",
         [(3, 20, 7 * stream_layout(fmt, CUDA).dense_chunk - 32)])
@@ -190,7 +209,7 @@ def _case_axes(params: dict) -> tuple[str, str, str]:
     variants (ws_ring, ms_guarded, ...)."""
     name = params["name"]
     parts = name.split("_")
-    family = "_".join(parts[:2]) if parts[0] in ("ws", "ms") else next(p for p in ("db", "fd", "striped") if p in parts)
+    family = "_".join(parts[:2]) if parts[0] in ("ws", "ms", "wg") else next(p for p in ("db", "fd", "striped") if p in parts)
     fmt = max((f for f in md.BUILTIN_FORMATS if f in name), key=len, default="-")
     act = "bf16" if "bf16" in parts else "f16"
     return family, fmt, act
@@ -399,19 +418,59 @@ def test_write_past_the_end_is_reported() -> None:
     assert info.value.kind == "guard"
 
 
-def test_warpgroup_kernels_are_refused() -> None:
-    from marlin_dsl.targets.cuda.tuning import warpgroup_schedule
-
-    fmt = md.builtin_format("fp4")
-    kernel = compile_gemm(Gemm("wg_cpu", fmt, warpgroup_schedule(fmt, 2048, CUDA), "f16"), CUDA).kernel
-    with pytest.raises(CudaCPUError, match="wgmma") as info:
+def test_sparse_warpgroup_is_refused() -> None:
+    """The harness runs the dense warpgroup kernels and the warp roles (`wg_*` cases above);
+    the sparse wgmma is not emulated, and it says so instead of running it."""
+    sparse = md.builtin_format("fp4_2of4")
+    kernel = compile_gemm(Gemm("wg_sp_cpu", sparse, warpgroup_schedule(sparse, 2048, CUDA), "f16"), CUDA).kernel
+    with pytest.raises(CudaCPUError, match=r"does not emulate the inline PTX `.*wgmma\.mma_async\.sp") as info:
         compile_cuda_cpu(print_cuda(kernel))
     assert info.value.kind == "unsupported"
 
 
+def _roles_kernel():
+    fmt = md.builtin_format("fp4")
+    gemm = Gemm("wg_roles_mut", fmt, warpgroup_roles_schedule(fmt, 2048, CUDA), "f16")
+    return gemm, compile_gemm(gemm, CUDA).kernel
+
+
+def test_warp_roles_without_their_waits_fail() -> None:
+    """The shim's mbarriers order the roles: with the waits printed away the consumers read
+    stages the producers have not filled (poisoned shared memory) and the output is wrong."""
+    gemm, kernel = _roles_kernel()
+    src = print_cuda(kernel)
+    assert src.body.count("mdsl::mbar_wait(") >= 3
+    bad = dataclasses.replace(src, body=src.body.replace("mdsl::mbar_wait(", "(void)("))
+    for seed in (0, 1):
+        assert not check_printed(gemm, kernel, compile_cuda_cpu(bad), [(3, 136, 512)], seed)[0].ok
+
+
+def test_warp_roles_without_an_arrival_deadlock() -> None:
+    """A phase that never completes is a deadlock the harness names, not a hang."""
+    gemm, kernel = _roles_kernel()
+    src = print_cuda(kernel)
+    bad = dataclasses.replace(src, body=src.body.replace("mdsl::mbar_arrive(&a_full", "(void)(&a_full"))
+    with pytest.raises(CudaCPUError, match="deadlock.*mbarrier.try_wait.parity"):
+        check_printed(gemm, kernel, compile_cuda_cpu(bad), [(3, 136, 512)])
+
+
+def test_wgmma_swizzle_and_layout_matter() -> None:
+    """The shim's wgmma reads what the kernel wrote where the PTX ISA says: a kernel whose B
+    descriptor is off by one 16-byte chunk (its swizzle then picks other K positions) fails."""
+    fmt = md.builtin_format("fp4")
+    gemm = Gemm("wg_bad", fmt, warpgroup_schedule(fmt, 200, CUDA), "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    src = print_cuda(kernel)
+    assert "wgmma_desc_sw128<1024u>(&x_s[" in src.body
+    bad = dataclasses.replace(src, body=src.body.replace("wgmma_desc_sw128<1024u>(&x_s[", "wgmma_desc_sw128<1024u>(8 + &x_s["))
+    results = check_printed(gemm, kernel, compile_cuda_cpu(bad), [(3, 136, 256)])
+    assert not results[0].ok
+
+
 def test_compile_table_runs_the_printed_cuda(tmp_path, capsys) -> None:
     """`marlin-dsl compile --target cuda` checks every kernel's printed text on the harness
-    (the `.cu` column); a warpgroup kernel's column reads "-"."""
+    (the `.cu` column), the dense warpgroup kernel's too; a sparse warpgroup kernel's column
+    reads "-" (the sparse wgmma is not emulated)."""
     from marlin_dsl.cli import main
 
     spec = tmp_path / "wg_spec.py"
@@ -419,8 +478,12 @@ def test_compile_table_runs_the_printed_cuda(tmp_path, capsys) -> None:
                     "wg = Schedule('wg', tile_m=32, tile_n=64, tile_k=64, warps_m=1, warps_n=4,\n"
                     "              pipeline=Warpgroup(stages=3, depth=1))\n"
                     "Gemm('fp4_wg', builtin_format('fp4'), wg)\n"
-                    "Gemm('fp4_db', builtin_format('fp4'), Schedule('db'))\n")
+                    "Gemm('fp4_db', builtin_format('fp4'), Schedule('db'))\n"
+                    "wgs = Schedule('wgs', tile_m=64, tile_n=64, tile_k=128, warps_m=1, warps_n=4,\n"
+                    "               pipeline=Warpgroup(stages=3, depth=1))\n"
+                    "Gemm('fp4_2of4_wg', builtin_format('fp4_2of4'), wgs)\n")
     assert main(["compile", str(spec), "--target", "cuda"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
             if line.startswith("fp4_") and line.split()[-1] == "PASS"}
-    assert rows["fp4_wg"][-2] == "-" and float(rows["fp4_db"][-2]) < 2e-3
+    assert float(rows["fp4_wg"][-2]) < 2e-3 and float(rows["fp4_db"][-2]) < 2e-3
+    assert rows["fp4_2of4_wg"][-2] == "-"

@@ -60,7 +60,7 @@ def candidates(args) -> list[dict]:
                 add(fmt_name, m, t.tile_m, t.warps_n, **_grid_fields(fmt, t), tuned_for=(k, n))
             for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages, x_ahead, x_shuffle in itertools.product(
                     ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
-                    ints(args.n_tiles), ints(args.stages), ints(args.x_ahead), ints(getattr(args, "x_shuffle", "0"))):
+                    ints(args.n_tiles), ints(args.stages), ints(args.x_ahead), ints(args.x_shuffle)):
                 if x_shuffle and not stream_layout(fmt, CUDA).sparse:
                     continue  # the shuffled activation loads are for 2:4 layouts
                 # a warp's registers grow with its N tiles: past 1024 "thread-tiles" ptxas's count

@@ -24,8 +24,11 @@ with the Metal harness, and CUDA's part of it, codegen/cuda_shim_runtime.h):
 - faults, unordered mma.sp metadata, misaligned cp.async, divergent barriers, deadlocks and a
   timeout are `CudaCPUError`s instead of a crash.
 
-Not emulated: the warpgroup pipeline (wgmma.mma_async, sm_90a): kernels whose text holds
-inline asm are refused with kind "unsupported" before compiling.
+The warpgroup pipeline's inline PTX (the dense wgmma.mma_async, its fences, the async-proxy
+fence, setmaxnreg) is rewritten into calls of codegen/cuda_shim_wgmma.h (`cpu_harness_ptx.py`),
+which also holds the warp roles' mbarriers (waits are fiber waits, woken by the phase's last
+arrival); the rest of the text compiles as printed. Not emulated: the sparse wgmma: such
+kernels are refused with kind "unsupported" before compiling.
 The shim's comments (codegen/cuda_shim.h) list exactly what is shimmed.
 """
 from __future__ import annotations
@@ -38,7 +41,7 @@ import shutil
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -47,13 +50,15 @@ import numpy as np
 
 from ...ir.core import Kernel
 from .cpu_harness_buffers import CudaCPUError, GuardedBuffer, guarded_buffer
+from .cpu_harness_ptx import rewrite_asm
 from .launch import gemm_inout_inputs
 from .print_shared import DYNAMIC_SHARED_NAME
 from .printer import print_cuda
 from .source import CudaSource
 
 __all__ = ["CompiledCudaCPU", "CudaCPUError", "DEFAULT_FLAGS", "SHIM_FILES", "compile_cuda_cpu", "compile_many",
-           "cuda_cpu_executor", "find_compiler", "refuse_unsupported", "run_cuda_cpu", "translation_unit"]
+           "cuda_cpu_executor", "find_compiler", "refuse_unsupported", "run_cuda_cpu", "shimmed_source",
+           "translation_unit"]
 
 #: g++ flags: C++20 (std::source_location); -fwrapv (CUDA's unsigned arithmetic wraps, and the
 #: printer wraps signed arithmetic itself); no contraction or fast math, so float operations
@@ -64,7 +69,8 @@ DEFAULT_FLAGS = ("-std=c++20", os.environ.get("MARLIN_CUDA_CPU_OPT", "-O1"), "-f
                  "-w")
 
 #: The shim's headers, under codegen/ (all of them go into the cache key).
-SHIM_FILES = ("cuda_shim.h", "cuda_shim_half.h", "cuda_shim_runtime.h", "shim_runtime.h", "cuda_shim_ptx.h")
+SHIM_FILES = ("cuda_shim.h", "cuda_shim_half.h", "cuda_shim_runtime.h", "shim_runtime.h", "cuda_shim_ptx.h",
+              "cuda_shim_wgmma.h")
 
 _KERNEL_NAME = "mdsl_cuda_cpu_kernel"
 _ASM = re.compile(r"\basm\b")
@@ -99,21 +105,25 @@ def _cache_dir() -> Path:
 
 def refuse_unsupported(src: CudaSource) -> None:
     """Raise CudaCPUError (kind "unsupported") for a kernel the shim would not run faithfully:
-    inline asm in the printed body or tables (the warpgroup pipeline's wgmma, its fences),
-    or a kernel written for an architecture-specific target (sm_90a)."""
-    arch = src.attrs.get("cuda_arch")
-    for where, text in (("body", src.body), ("declarations", src.declarations)):
-        if _ASM.search(text):
-            raise CudaCPUError(f"kernel {src.name}: its {where} holds inline PTX (asm), which the CUDA CPU harness "
-                               "cannot execute; the warpgroup pipeline (wgmma, sm_90a) is not emulated", "unsupported")
-    if arch is not None and str(arch).endswith(("a", "f")):
-        raise CudaCPUError(f"kernel {src.name} is written for {arch} (the warpgroup MMA); the CUDA CPU harness "
-                           "does not emulate wgmma", "unsupported")
+    inline PTX the harness does not emulate (`cpu_harness_ptx.py`: the dense wgmma, its
+    fences, the async-proxy fence and setmaxnreg are emulated; the sparse wgmma is not)."""
+    shimmed_source(src)
+
+
+def shimmed_source(src: CudaSource) -> CudaSource:
+    """`src` with its inline PTX rewritten into the shim's calls (`rewrite_asm`); the rest of
+    the text as printed. CudaCPUError (unsupported) where the shim lacks something."""
+    if not (_ASM.search(src.body) or _ASM.search(src.declarations)):
+        return src
+    return replace(src, body=rewrite_asm(src.body, f"kernel {src.name}"),
+                   declarations=rewrite_asm(src.declarations, f"kernel {src.name}"))
 
 
 def translation_unit(src: CudaSource) -> str:
-    """The C++ g++ compiles: the shim, the printed text exactly as `full_source` gives it, the
-    shim's PTX, a launcher. Only the kernel's name is ours (the MLX launch names it too)."""
+    """The C++ g++ compiles: the shim, the printed text as `full_source` gives it (its inline
+    PTX rewritten into the shim's calls: `shimmed_source`), the shim's PTX, a launcher. Only
+    the kernel's name is ours (the MLX launch names it too)."""
+    src = shimmed_source(src)
     cpp = src.dtypes
     args = [f"(const {cpp[n]}*)b[{i}]" for i, n in enumerate(src.input_names)]
     args += [f"({cpp[n]}*)b[{len(src.input_names) + j}]" for j, n in enumerate(src.output_names)]

@@ -1,7 +1,8 @@
 """The CUDA printer's emitters of the tensor-core ops: fragments (`frag_build`, `frag_zero`,
-`frag_load`, `frag_store`, `frag_elems`), the MMAs (`mma`, `mma_sp`) and the asynchronous
-global -> shared copies (`async_copy`, `async_commit`, `async_wait`). They print calls of the
-device prelude's `mdsl::` helpers (codegen/cuda_prelude.cuh), which hold the PTX. A mixin of
+`frag_load`, `frag_store`, `frag_elems`), the MMAs (`mma`, `mma_sp`), the asynchronous
+global -> shared copies (`async_copy`, `async_commit`, `async_wait`) and the warp shuffle
+(`shfl_xor`, CUDA's own `__shfl_xor_sync`). The others print calls of the device prelude's
+`mdsl::` helpers (codegen/cuda_prelude.cuh), which hold the PTX. A mixin of
 the printer (`printer._Printer`): the emitters use its memory table and naming; MMA_EMITTERS
 joins them into its EMITTERS table."""
 from __future__ import annotations

@@ -125,7 +125,7 @@ class CpuHarnessCheck:
     column = ".cu"
     note = ("the printed .cu text compiled by g++ against codegen/cuda_shim.h and run by the\n"
             "  CUDA CPU harness (threads with real barriers, warp-collective mma.sync / mma.sp\n"
-            "  from the PTX ISA's fragment rules; '-': wgmma, not emulated)")
+            "  and the dense wgmma from the PTX ISA's rules; '-': the sparse wgmma, not emulated)")
     unavailable_note = "skipped: no C++ compiler (g++) on this machine"
 
     def available(self) -> bool:
