@@ -119,13 +119,14 @@ def write_cuda_kernel(compiled: CompiledGemm, out_dir: Path) -> list[Path]:
 
 class CpuHarnessCheck:
     """The printed CUDA compiled by g++ against codegen/cuda_shim.h and run on the CPU
-    (`cpu_harness.py`): the compile table's `.cu` column. The warpgroup pipeline's kernels
-    (wgmma) are not emulated: their column reads "-"."""
+    (`cpu_harness.py`): the compile table's `.cu` column. The sparse warpgroup kernels (the
+    sparse wgmma) are not emulated: their column reads "-"."""
 
     column = ".cu"
     note = ("the printed .cu text compiled by g++ against codegen/cuda_shim.h and run by the\n"
             "  CUDA CPU harness (threads with real barriers, warp-collective mma.sync / mma.sp\n"
-            "  and the dense wgmma from the PTX ISA's rules; '-': the sparse wgmma, not emulated)")
+            "  and the dense wgmma from the PTX ISA's rules; '-': the sparse wgmma, not\n"
+            "  emulated)")
     unavailable_note = "skipped: no C++ compiler (g++) on this machine"
 
     def available(self) -> bool:
