@@ -59,11 +59,6 @@ struct MmaArgs {
   uint32_t meta;
 };
 
-inline double element(uint32_t reg, int half, bool bf16) {
-  uint16_t bits = (uint16_t)(half ? reg >> 16 : reg & 0xFFFFu);
-  return bf16 ? (double)bf16_bits_to_f32(bits) : (double)f16_bits_to_f32(bits);
-}
-
 inline MmaArgs& lane_args(Group* g, unsigned w, unsigned lane) {
   return *static_cast<MmaArgs*>(g->fibers[w * 32 + lane].call.args);
 }
@@ -92,11 +87,11 @@ inline void exec_mma(Group* g, unsigned w) {
     for (unsigned i = 0; i < 8; ++i) {  // a_i
       const unsigned row = (i < 2 || (i >= 4 && i < 6)) ? gid : gid + 8;
       const unsigned col = 2 * t + (i & 1u) + (i >= 4 ? 8 : 0);
-      A[row][col] = element(m.a[i / 2], (int)(i & 1u), BF16);
+      A[row][col] = register_half(m.a[i / 2], (int)(i & 1u), BF16);
     }
     for (unsigned i = 0; i < 4; ++i) {  // b_i
       const unsigned row = 2 * t + (i & 1u) + (i >= 2 ? 8 : 0);
-      B[row][gid] = element(m.b[i / 2], (int)(i & 1u), BF16);
+      B[row][gid] = register_half(m.b[i / 2], (int)(i & 1u), BF16);
     }
   }
   multiply_accumulate<16>(g, w, A, B);
@@ -120,12 +115,12 @@ inline void exec_mma_sp(Group* g, unsigned w) {
                  "%#x (indices %u, %u): the two indices must increase (undefined on the GPU); warp %u of block "
                  "(%u, %u, %u)", SEL, meta_lane, row, 4 * chunk, 4 * chunk + 3, nibble, first, second, w,
                  g->pos.x, g->pos.y, g->pos.z));
-      A[row][4 * chunk + first] = element(m.a[i / 2], 0, BF16);
-      A[row][4 * chunk + second] = element(m.a[i / 2], 1, BF16);
+      A[row][4 * chunk + first] = register_half(m.a[i / 2], 0, BF16);
+      A[row][4 * chunk + second] = register_half(m.a[i / 2], 1, BF16);
     }
     for (unsigned i = 0; i < 8; ++i) {  // b_i
       const unsigned row = 2 * t + (i & 1u) + 8 * (i >> 1);
-      B[row][gid] = element(m.b[i / 2], (int)(i & 1u), BF16);
+      B[row][gid] = register_half(m.b[i / 2], (int)(i & 1u), BF16);
     }
   }
   multiply_accumulate<32>(g, w, A, B);

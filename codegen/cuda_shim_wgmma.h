@@ -48,6 +48,8 @@ struct SwizzledTile {
   uint32_t sbo;    // bytes between 8-row atoms
 };
 
+// The value of half `half` (0: low 16 bits) of a register holding two f16 or bf16 values (also
+// cuda_shim_ptx.h's MMAs, included after the kernel).
 inline double register_half(uint32_t reg, int half, bool bf16) {
   const uint16_t bits = static_cast<uint16_t>(half ? reg >> 16 : reg & 0xFFFFu);
   return bf16 ? static_cast<double>(bf16_bits_to_f32(bits)) : static_cast<double>(f16_bits_to_f32(bits));
@@ -67,7 +69,7 @@ inline double tile_element(const SwizzledTile& t, unsigned row, unsigned k, bool
   a ^= ((a >> 7) & 7u) << 4;
   uint16_t bits;
   std::memcpy(&bits, reinterpret_cast<const void*>(g_shared_base + a), 2);
-  return bf16 ? static_cast<double>(bf16_bits_to_f32(bits)) : static_cast<double>(f16_bits_to_f32(bits));
+  return register_half(bits, 0, bf16);
 }
 
 inline void exec_wgmma(Group* g, unsigned w) {

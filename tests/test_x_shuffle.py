@@ -19,7 +19,7 @@ from marlin_dsl.ir.interpret import InterpreterError, run_kernel
 from marlin_dsl.ir.text import assert_round_trip
 from marlin_dsl.ir.verify import VerifyError, verify
 from marlin_dsl.layouts.weight_stream import stream_layout
-from marlin_dsl.lowering.parts.x_transpose import transpose_plan, transpose_words
+from marlin_dsl.layouts.activation_transpose import transpose_plan
 from marlin_dsl.targets.cuda.printer import print_cuda
 
 K_TILE = 32  # dense K of CUDA's sparse m16n8k32
@@ -34,6 +34,25 @@ def shuffle_schedule(fmt, lanes: int, tile_m: int = 8, n_tiles: int = 1, k_warps
 
 
 # ----- the plan ---------------------------------------------------------------------------------
+
+def transpose_words(loaded: np.ndarray, big_l: int) -> np.ndarray:
+    """The butterfly transpose as numpy (the lowering emits the same steps as IR): loaded
+    [lanes, L] words (lane q's load) -> [lanes, L] (register s of lane q = word q of the
+    group's lane s's load). An independent model of
+    `ActivationTranspose.transposed_fragment`."""
+    regs = loaded.copy()
+    lane = np.arange(regs.shape[0])
+    for b in range(big_l.bit_length() - 1):
+        bit = 1 << b
+        high = (lane & bit) != 0
+        for j in range(big_l):
+            if j & bit:
+                continue
+            send = np.where(high, regs[:, j], regs[:, j | bit])
+            recv = send[lane ^ bit]
+            regs[:, j], regs[:, j | bit] = np.where(high, recv, regs[:, j]), np.where(high, regs[:, j | bit], recv)
+    return regs
+
 
 @pytest.mark.parametrize("lanes", [2, 4])
 def test_plan_gives_each_lane_its_fragment_words(lanes: int) -> None:
@@ -96,6 +115,22 @@ def test_predicated_loads_with_a_k_tail() -> None:
     for shape in [(3, 40, 7 * 128 - 32), (17, 20, 5 * 128 - 96)]:
         result = check_kernel(gemm, kernel, shape, rng)
         assert result.ok and result.untouched_poison == 0, (shape, result)
+
+
+def test_dense_layouts_without_the_k_shuffle_take_it_too() -> None:
+    """Scale groups smaller than a vector leave dense fp4 without the K shuffle: its
+    two-element loads can be shared as well (2 words a lane on CUDA's m16n8k16 B: pairs of
+    lanes); 4 lanes would need 4 words a lane, refused at the schedule check."""
+    fmt = md.builtin_format("fp4", 32)
+    assert stream_layout(fmt, CUDA).k_perm is None
+    gemm = Gemm("ws_shfl_dense", fmt, shuffle_schedule(fmt, 2, x_ahead=1), "f16")
+    kernel = compile_gemm(gemm, CUDA).kernel
+    rng = np.random.default_rng(7)
+    for shape in [(3, 40, 7 * 64), (9, 17, 512)]:
+        result = check_kernel(gemm, kernel, shape, rng)
+        assert result.ok and result.untouched_poison == 0, (shape, result)
+    with pytest.raises(ScheduleError, match="groups of 4 lanes loading 4 words"):
+        shuffle_schedule(fmt, 4).check(fmt, CUDA)
 
 
 @pytest.mark.parametrize("lanes", [2, 4])

@@ -61,8 +61,6 @@ def candidates(args) -> list[dict]:
             for k_warps, depth, warps_n, unroll, vectors, n_tiles, stages, x_ahead, x_shuffle in itertools.product(
                     ints(args.k_warps), ints(args.depth), ints(args.warps_n), ints(args.unroll), ints(args.vectors),
                     ints(args.n_tiles), ints(args.stages), ints(args.x_ahead), ints(args.x_shuffle)):
-                if x_shuffle and not stream_layout(fmt, CUDA).sparse:
-                    continue  # the shuffled activation loads are for 2:4 layouts
                 # a warp's registers grow with its N tiles: past 1024 "thread-tiles" ptxas's count
                 # (130-168 for 4 tiles of 512 threads) exceeds what 65536 registers allow
                 if 32 * k_warps * warps_n <= 1024 and 32 * k_warps * n_tiles <= 1024:

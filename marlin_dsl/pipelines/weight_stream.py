@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from ..errors import ScheduleError
 from ..formats import Format
+from ..layouts.activation_transpose import target_transpose_plan
 from ..layouts.block_skip import skip_layout
 from ..layouts.weight_stream import VECTOR_WORDS, stream_layout
 from ..machine.target import Target
@@ -105,8 +106,8 @@ class WeightStream:
     #: activations with one vector load (64 or 128 bits) and the L lanes of a group transpose
     #: them with warp shuffles (lowering/parts/x_transpose.py), instead of one two-element load
     #: per word. For layouts without the K shuffle (2:4 on the sparse MMA, whose groups of 4
-    #: must stay together): there each two-element load touches as many L1 lines as the
-    #: 128-bit one (bench/results/issue33_h200_2026-11-29, run 17).
+    #: must stay together; scale groups smaller than a vector): there each two-element load
+    #: touches as many L1 lines as the 128-bit one (bench/results/issue33_h200_2026-11-29, run 17).
     x_shuffle: int = 0
     #: Skip the empty blocks of a format with block patterns (seed 003): the target's
     #: skipping layout (`layouts/block_skip.py`) stores per block of the format's block_n rows
@@ -188,14 +189,20 @@ def check_skip(p: WeightStream, schedule: ScheduleShape, fmt: Format, target: Ta
 
 def check_shuffle(p: WeightStream, schedule: ScheduleShape, fmt: Format, target: Target) -> None:
     """x_shuffle replaces the two-element activation loads of layouts without the K shuffle
-    (which already read each lane's activations as runs): 2:4 on the sparse MMA."""
-    layout = stream_layout(fmt, target, schedule.location)
-    if layout.k_perm is not None or layout.scatter is not None or not layout.sparse:
+    (2:4 on the sparse MMA, whose groups of 4 forbid it; scale groups smaller than a vector);
+    layouts with it already read each lane's activations as runs, scattered ones per element.
+    The target's B lane table must allow the transpose (`layouts/activation_transpose.py`)."""
+    where = schedule.location
+    layout = stream_layout(fmt, target, where)
+    if layout.k_perm is not None or layout.scatter is not None:
         raise ScheduleError(
-            f"schedule {schedule.name!r}: weight_stream x_shuffle={p.x_shuffle} replaces the two-element "
-            f"activation loads of 2:4 formats on the sparse MMA; format {fmt.name!r} on {target.name} reads "
-            "its activations otherwise (as runs of the K shuffle, or scattered): set x_shuffle=0",
-            schedule.location)
+            f"schedule {schedule.name!r}: weight_stream x_shuffle={p.x_shuffle} replaces two-element "
+            f"activation loads; format {fmt.name!r} on {target.name} reads its activations otherwise (as runs "
+            "of the K shuffle, or scattered): set x_shuffle=0", where)
+    try:
+        target_transpose_plan(target, layout.dense_tile_k, p.x_shuffle)
+    except ScheduleError as e:
+        raise ScheduleError(f"schedule {schedule.name!r}: {e.message}", where) from None
 
 
 __all__ = ["WeightStream", "check_shuffle", "check_skip", "check_stream"]

@@ -19,103 +19,27 @@ selects, instead of L loads. CUDA at L = 4: one 128-bit load, 4 shuffles and 12 
 the 4 words a lane's 128 activations of one K tile need; L = 2: two 64-bit loads, 2 shuffles and
 6 selects.
 
-The plan is derived from the target's B lane table (`transpose_plan`): which lanes form a
-group, and where each lane's load starts in a K tile (a per-lane base and per-unit offsets).
-It exists only where every word a group needs is one aligned run of 2L activations.
+The plan is derived from the target's B lane table (`layouts/activation_transpose.py`): which
+lanes form a group, and where each lane's load starts in a K tile (a per-lane base and
+per-unit offsets). It exists only where every word a group needs is one aligned run of 2L
+activations.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
-from ...errors import ScheduleError
 from ...ir import U32, ConstTable, Value, VectorType
+from ...layouts.activation_transpose import TransposePlan, target_transpose_plan
 from .context import GemmParts
-
-
-@dataclass(frozen=True)
-class TransposePlan:
-    """How the lanes of a warp load one K tile's B words with L-lane transposes."""
-
-    lanes_per_group: int  # L: the lanes differing in the low log2(L) bits of their index
-    units: int  # loads per lane per K tile (each L words)
-    load_base: tuple[int, ...]  # per lane: K row (within the tile) where its first unit's load starts
-    unit_offset: tuple[int, ...]  # per unit: added to load_base
-
-    @property
-    def stages(self) -> int:
-        return self.lanes_per_group.bit_length() - 1
-
-
-def transpose_plan(b_k: np.ndarray, b_n: np.ndarray, lanes_per_group: int) -> TransposePlan:
-    """The plan for a B lane table (b_k / b_n: [lanes, elements] K row and M column of each
-    element; elements 2i, 2i + 1 are word i: adjacent K rows of one column). Lane q of a group
-    (q = lane % L) loads, for unit u, the words that the group's lane j (j = 0..L-1) needs as
-    its fragment word u L + q: they must be the consecutive pairs base, base + 2, .. of one
-    M column, base a multiple of 2L (one aligned vector). ScheduleError where the table does
-    not allow it."""
-    big_l = lanes_per_group
-    lanes, elems = b_k.shape
-    words = elems // 2
-    if big_l not in (2, 4, 8) or lanes % big_l or elems % 2 or words % big_l:
-        raise ScheduleError(f"x_shuffle={big_l}: the target's B lane table ({lanes} lanes x {elems} elements) "
-                            f"does not split into groups of {big_l} lanes loading {big_l} words each")
-    if not ((b_k[:, 1::2] == b_k[:, 0::2] + 1).all() and (b_n == b_n[:, :1]).all()):
-        raise ScheduleError(f"x_shuffle={big_l}: the target's B elements are not pairs of adjacent K rows "
-                            "of one M column per lane")
-    units = words // big_l
-    pair_k = b_k[:, 0::2]  # [lane, word i]: the word's first K row
-    base = np.zeros((lanes, units), dtype=np.int64)
-    for lane in range(lanes):
-        group = (lane & ~(big_l - 1)) + np.arange(big_l)  # the group's lanes, in-group index j
-        q = lane & (big_l - 1)
-        if (b_n[group, 0] != b_n[lane, 0]).any():
-            raise ScheduleError(f"x_shuffle={big_l}: lanes {group.tolist()} read different M columns")
-        for u in range(units):
-            run = pair_k[group, u * big_l + q]  # what lane j of the group needs from this load
-            if run[0] % (2 * big_l) or (np.diff(run) != 2).any():
-                raise ScheduleError(f"x_shuffle={big_l}: lane {lane}'s unit {u} would need K rows "
-                                    f"{run.tolist()}, not one aligned run of {2 * big_l} activations")
-            base[lane, u] = run[0]
-    unit_offset = base[0] - base[0, 0]
-    if not (base - base[:, :1] == unit_offset).all():
-        raise ScheduleError(f"x_shuffle={big_l}: the lanes' load offsets are not a per-lane base plus "
-                            "per-unit offsets")
-    return TransposePlan(big_l, units, tuple(int(v) for v in base[:, 0]), tuple(int(v) for v in unit_offset))
-
-
-def transpose_words(loaded: np.ndarray, big_l: int) -> np.ndarray:
-    """The butterfly transpose as numpy (the lowering emits the same steps as IR): loaded
-    [lanes, L] words (lane q's load) -> [lanes, L] (register s of lane q = word q of the
-    group's lane s's load). For tests and for reading the emitted code."""
-    regs = loaded.copy()
-    lane = np.arange(regs.shape[0])
-    for b in range(big_l.bit_length() - 1):
-        bit = 1 << b
-        high = (lane & bit) != 0
-        for j in range(big_l):
-            if j & bit:
-                continue
-            send = np.where(high, regs[:, j], regs[:, j | bit])
-            recv = send[lane ^ bit]
-            regs[:, j], regs[:, j | bit] = np.where(high, recv, regs[:, j]), np.where(high, regs[:, j | bit], recv)
-    return regs
 
 
 class ActivationTranspose(GemmParts):
     """B fragments from wide activation loads transposed across lanes (module docstring)."""
 
     def init_x_transpose(self, lanes_per_group: int) -> None:
-        """The plan (no IR emitted); x_shuffle 0 leaves `x_plan` None."""
+        """The plan (no IR emitted; the schedule check has refused tables without one);
+        x_shuffle 0 leaves `x_plan` None."""
         self.x_plan: TransposePlan | None = None
-        if not lanes_per_group:
-            return
-        b_k, b_n = self.target.lane_elements("b", self.tile_k_dense, self.target.mma_n)  # type: ignore[misc]
-        try:
-            self.x_plan = transpose_plan(np.asarray(b_k), np.asarray(b_n), lanes_per_group)
-        except ScheduleError as e:
-            raise ScheduleError(f"schedule {self.s.name!r}: {e.message}", self.s.location) from None
+        if lanes_per_group:
+            self.x_plan = target_transpose_plan(self.target, self.tile_k_dense, lanes_per_group)
 
     def x_transpose_tables(self) -> list[ConstTable]:
         return [] if self.x_plan is None else [ConstTable("x_sh0", U32, self.x_plan.load_base)]
@@ -171,4 +95,4 @@ class ActivationTranspose(GemmParts):
         return b.value("frag_build", words, self.frag_b_stream, hint="fb")
 
 
-__all__ = ["ActivationTranspose", "TransposePlan", "transpose_plan", "transpose_words"]
+__all__ = ["ActivationTranspose"]

@@ -16,6 +16,7 @@ naming the instruction: the harness then refuses the kernel instead of running s
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from .cpu_harness_buffers import CudaCPUError
 
@@ -35,13 +36,16 @@ _WGMMA = re.compile(
     r"\{(?P<d>[^}]*)\}, (?P<a>\{[^}]*\}|%\d+), (?P<b>%\d+), p, 1, 1, (?P<tail>0, 0|0); \}")
 
 
+@dataclass(frozen=True)
 class AsmStatement:
     """One `asm volatile(template : outputs : inputs : clobbers);` of the text: its span, its
-    template (the string literals joined, escapes resolved) and its operands' expressions in
-    PTX order (outputs, then inputs)."""
+    template (the string literals joined, escapes resolved) and its operands' (constraint,
+    expression) in PTX order (outputs, then inputs)."""
 
-    def __init__(self, start: int, end: int, template: str, operands: list[tuple[str, str]]) -> None:
-        self.start, self.end, self.template, self.operands = start, end, template, operands
+    start: int
+    end: int
+    template: str
+    operands: list[tuple[str, str]]
 
     @property
     def instruction(self) -> str:
