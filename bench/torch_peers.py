@@ -5,6 +5,7 @@ attributed without relying on kernel names.
 
 Subjects, per weight shape [K, N] and M rows of activations (f16 unless said):
 - `torch_fp16`: cuBLAS, `torch.nn.functional.linear(x, W)` with W [N, K];
+- `torch_bf16`: the same in bf16 (W and x rounded to bf16);
 - `torch_cusparselt_2of4`: cuSPARSELt, W with two of every four K values kept (the largest
   magnitudes, ties to the lower index: `mask_2of4`) through
   `torch.sparse.to_sparse_semi_structured`, x padded to at least 16 rows (its minimum);
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 MARKER = "mdsl_marker"
-SUBJECTS = ("torch_fp16", "torch_cusparselt_2of4", "torch_tinygemm_int4")
+SUBJECTS = ("torch_fp16", "torch_bf16", "torch_cusparselt_2of4", "torch_tinygemm_int4")
 #: cuSPARSELt's fewest activation rows (GPU.md: x needs at least 16 rows)
 CUSPARSELT_MIN_M = 16
 #: rows checked against the float64 reference (all of them up to this; a 2048-row float64
@@ -91,6 +92,8 @@ def subjects(args):  # noqa: ANN201
         k, n = (int(v) for v in shape.split("x"))
         w = rng.standard_normal((n, k)).astype(np.float16)
         w_t = torch.from_numpy(w).to(dev)
+        w_bf = w_t.to(torch.bfloat16)
+        w_bf64 = w_bf.float().cpu().numpy().astype(np.float64)
         keep = mask_2of4(w)
         w_sparse = np.where(keep, w, 0).astype(np.float16)
         s_t = torch.sparse.to_sparse_semi_structured(torch.from_numpy(w_sparse).to(dev))
@@ -111,11 +114,14 @@ def subjects(args):  # noqa: ANN201
             base = {"K": k, "N": n, "M": m}
             cases = {
                 "torch_fp16": (lambda x_t=x_t, w_t=w_t: F.linear(x_t, w_t), x64 @ w.astype(np.float64).T),
+                "torch_bf16": (lambda x_bf=x_bf, w_bf=w_bf: F.linear(x_bf, w_bf), xbf64 @ w_bf64.T),
                 "torch_cusparselt_2of4": (lambda x_sp=x_sp, s_t=s_t: F.linear(x_sp, s_t), x64 @ w_sparse.astype(np.float64).T),
                 "torch_tinygemm_int4": (lambda x_bf=x_bf, packed=packed, sz=sz: torch._weight_int4pack_mm(x_bf, packed, TINYGEMM_GROUP, sz),
                                         xbf64 @ w_int4.T),
             }
             for subject, (launch, ref) in cases.items():
+                if subject not in args.subjects.split(","):
+                    continue
                 got = launch()[:rows].float().cpu().numpy().astype(np.float64)
                 out.append(({**base, "subject": subject, "rel_error": rel_error(got, ref)}, launch))
     return out
@@ -147,7 +153,7 @@ def ncu_command(args) -> list[str]:
     return ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--cache-control", "all",
             "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum", "--log-file", str(args.out / "ncu.csv"),
             sys.executable, __file__, "drive", "--labels", args.labels, "--shapes", args.shapes,
-            "--ms", args.ms, "--seed", str(args.seed)]
+            "--ms", args.ms, "--seed", str(args.seed), "--subjects", args.subjects]
 
 
 def table(rows: list[dict]) -> str:
@@ -167,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096", help="KxN,...")
     ap.add_argument("--ms", default="1,16,2048")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--subjects", default=",".join(SUBJECTS), help=f"some of {','.join(SUBJECTS)}")
     args = ap.parse_args(argv)
+    unknown = set(args.subjects.split(",")) - set(SUBJECTS)
+    if unknown:
+        ap.error(f"--subjects: unknown {sorted(unknown)}; known: {', '.join(SUBJECTS)}")
     if args.mode == "drive":
         drive(args)
         return 0

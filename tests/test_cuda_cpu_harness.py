@@ -147,6 +147,12 @@ def _cases() -> dict[str, tuple[Gemm, list[tuple[int, int, int]]]]:
         sched = Schedule("wg_regs", tile_m=256, tile_n=128, tile_k=stream_layout(fmt, CUDA).dense_chunk, warps_m=1,
                          warps_n=8, pipeline=Warpgroup(stages=4, depth=2, a_source="registers"))
         add(f"wg_regs_{fname}_{act}", fmt, sched, act, [(1, 136, 512), (260, 72, 256)])
+        ahead = dataclasses.replace(sched, pipeline=dataclasses.replace(sched.pipeline, decode_ahead=True))  # odd K
+        add(f"wg_ahead_{fname}_{act}", fmt, ahead, act, [(3, 136, 384), (257, 72, 256)])
+    fmt = md.builtin_format("nf4")  # groups of 64: an odd number of steps, the last one alone
+    sched = Schedule("wg_ahead", tile_m=64, tile_n=64, tile_k=64, warps_m=1, warps_n=4,
+                     pipeline=Warpgroup(stages=3, depth=1, a_source="registers", decode_ahead=True))
+    add("wg_ahead_nf4_bf16", fmt, sched, "bf16", [(3, 72, 320), (65, 64, 192)])
     fmt = md.builtin_format("fp4", 32)  # the lookahead predicated, with a K tail, unrolled
     add("ws_ahead_ktail_fp4", fmt, ws_schedule(fmt, k_warps=4, depth=1, unroll=2, x_ahead=1), "bf16",
         [(3, 20, 7 * stream_layout(fmt, CUDA).dense_chunk - 32)])

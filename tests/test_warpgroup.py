@@ -32,9 +32,11 @@ SPARSE_FORMATS = ("fp4_2of4", "int4_2of4")  # the sparse wgmma (k32, A compresse
 
 
 def wg_schedule(tile_m: int = 32, warps_n: int = 4, stages: int = 3, depth: int = 1,
-                a_source: str = "shared", tile_k: int = 64, sparse_pass: int = 2) -> Schedule:
+                a_source: str = "shared", tile_k: int = 64, sparse_pass: int = 2,
+                decode_ahead: bool = False) -> Schedule:
     return Schedule("wg_test", tile_m=tile_m, tile_n=16 * warps_n, tile_k=tile_k, warps_m=1, warps_n=warps_n,
-                    pipeline=Warpgroup(stages=stages, depth=depth, a_source=a_source, sparse_pass=sparse_pass))
+                    pipeline=Warpgroup(stages=stages, depth=depth, a_source=a_source, sparse_pass=sparse_pass,
+                                       decode_ahead=decode_ahead))
 
 
 def compiled(fmt_name: str = "fp4", act: str = "f16", **kw) -> tuple[Gemm, Kernel]:
@@ -54,6 +56,35 @@ def test_kernels_match_the_reference(fmt_name: str, act: str, a_source: str) -> 
     # M = 1, 3, 65, 129 (rows past M in a tile), N tails (tiles past N), K of 4 to 6 steps
     gemm, kernel = compiled(fmt_name, act, a_source=a_source)
     assert_matches(gemm, kernel, [(1, 64, 256), (3, 72, 384), (65, 136, 256), (129, 64, 384)])
+
+
+@pytest.mark.parametrize("fmt_name, group, act, depth", [("fp4", 128, "f16", 1), ("uint4_zp", 128, "bf16", 2),
+                                                          ("nf4", 64, "f16", 2), ("int4", 32, "bf16", 1)])
+def test_decode_ahead_matches_the_reference(fmt_name: str, group: int, act: str, depth: int) -> None:
+    # the 64-K steps in pairs, then a lone last one where their count is odd (groups of 64 or
+    # less): 1 step (no pair), 5 (two pairs and one), 6, 2
+    fmt = md.builtin_format(fmt_name, group)
+    gemm = Gemm(f"wg_{fmt_name}", fmt, wg_schedule(a_source="registers", decode_ahead=True, depth=depth, stages=4),
+                act)
+    kernel = compile_gemm(gemm, CUDA).kernel
+    shapes = [(65, 136, 384), (3, 72, 128)] + ([(1, 64, 64), (33, 72, 320)] if group <= 64 else [])
+    assert_matches(gemm, kernel, shapes, seed=depth)
+
+
+def test_decode_ahead_decodes_between_the_commit_and_the_wait() -> None:
+    def batches(body: str) -> list[int]:
+        """per committed batch: lines between its commit and the next wait"""
+        lines = body.splitlines()
+        commits = [i for i, line in enumerate(lines) if "wgmma.commit_group" in line]
+        waits = [i for i, line in enumerate(lines) if "wgmma.wait_group" in line]
+        return [min(w for w in waits if w > c) - c for c in commits]
+
+    plain = batches(print_cuda(compiled(tile_m=64, a_source="registers")[1]).body)
+    ahead = batches(print_cuda(compiled(tile_m=64, a_source="registers", decode_ahead=True)[1]).body)
+    # the wait soon after the commit (the scheduling pass moves a few independent lines up)
+    assert len(plain) == 1 and plain[0] < 40
+    # the pair's two batches each wait after the next step's decode; the lone last step soon
+    assert len(ahead) == 3 and min(ahead[:2]) > 150 and ahead[2] < 40
 
 
 @pytest.mark.parametrize("tile_m, warps_n, stages, depth, tile_k", [(8, 4, 3, 1, 64), (64, 8, 5, 2, 64),
@@ -410,6 +441,8 @@ def test_vstore_and_vector_concatenation() -> None:
     (dict(stages=2), "at least 3"),
     (dict(tile_k=32), "tile_k=64"),
     (dict(sparse_pass=3), "sparse_pass must be 1 or 2"),
+    (dict(decode_ahead=True), "a_source must be 'registers'"),
+    (dict(decode_ahead=1, a_source="registers"), "decode_ahead must be True or False"),
 ])
 def test_schedule_errors(kw, words) -> None:
     with pytest.raises(ScheduleError, match=words):
@@ -417,6 +450,8 @@ def test_schedule_errors(kw, words) -> None:
 
 
 def test_refused_formats_and_targets() -> None:
+    with pytest.raises(ScheduleError, match="decode_ahead takes dense formats"):
+        compiled("fp4_2of4", a_source="registers", decode_ahead=True)
     with pytest.raises(ScheduleError, match="no sparse warpgroup MMA"):
         replace(wg_schedule(tile_k=128)).check(md.builtin_format("fp4_2of4"), replace(CUDA, warpgroup_sparse_k=None))
     with pytest.raises(ScheduleError, match="tile_k=128"):  # a 2:4 step is whole vectors of 128
@@ -486,3 +521,21 @@ def test_nvcc_compiles_for_sm_90a() -> None:
                 sources.append(replace(print_cuda(kernel), name=f"wg_{fmt_name}_{a_source}_{act}"))
     results = nvcc_check(sources, archs=["sm_90a"])
     assert all(r.ok for r in results), [r.log for r in results if not r.ok]
+
+
+@pytest.mark.sweep
+@pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc (CUDA toolkit) to compile the printed text")
+@pytest.mark.parametrize("fmt_name", ["fp4", "uint4_zp"])
+@pytest.mark.parametrize("act", ["f16", "bf16"])
+@pytest.mark.parametrize("decode_ahead", [False, True])
+def test_ptxas_keeps_register_a_wgmmas_pipelined(tmp_path, fmt_name: str, act: str, decode_ahead: bool) -> None:
+    """A in registers at 256 x 128 tiles: the decode moved under the wgmmas would have ptxas
+    serialise them (C7513) if it wrote a register they read; with the steps in pairs it does
+    not, and the kernel fits 255 registers without spilling."""
+    from test_warpgroup_roles import _ptxas_report
+
+    _, kernel = compiled(fmt_name, act, tile_m=256, warps_n=8, stages=4, depth=2, a_source="registers",
+                         decode_ahead=decode_ahead)
+    report = _ptxas_report(kernel, tmp_path)
+    assert "serialized" not in report, report
+    assert re.search(r"\b0 bytes spill stores", report), report

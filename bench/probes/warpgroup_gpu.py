@@ -53,6 +53,7 @@ SCHEDULES = (("wgs256x128s4d2", 256, 8, 4, 2, "shared"), ("wgs128x128s4", 128, 8
              ("wgr128x128s3", 128, 8, 3, 1, "registers"))
 if __import__("os").environ.get("WG_SCHEDULE_SPECS"):
     # "name:tile_m:warps_n:stages:depth:a_source[:sparse_pass[:producers[:a_stages[:copies[:epilogue]]]]],..."
+    # (a_source "registers+ahead": A in registers with Warpgroup.decode_ahead)
     SCHEDULES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5], *(int(v) for v in f[6:9]), *f[9:11])
                       for f in (spec.split(":") for spec in __import__("os").environ["WG_SCHEDULE_SPECS"].split(",")))
 CHECK_SHAPES = ((1, 4096, 4096), (3, 4136, 4096), (65, 4104, 4224), (129, 256, 512),
@@ -76,13 +77,14 @@ def kernel_specs():
         fmt = md.builtin_format(fmt_name)
         for act in ACTS:
             first = int(__import__("os").environ.get("WG_SCHEDULES", len(SCHEDULES)))
-            scheds = SCHEDULES[:first] if (fmt_name, act) == (FORMATS[0], "f16") else SCHEDULES[:1]
+            scheds = SCHEDULES[:first] if fmt_name == FORMATS[0] else SCHEDULES[:1]
             for name, tm, wn, st, depth, a_source, *extra in scheds:
                 sparse_pass, producers, a_stages, copies, epilogue = (
                     list(extra) + [2, 0, 3, "producers", "branch"][len(extra):])[:5]
                 s = md.Schedule(name, tile_m=tm, tile_n=16 * wn, tile_k=stream_layout(fmt, md.CUDA).dense_chunk,
                                 warps_m=1, warps_n=wn,
-                                pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source,
+                                pipeline=md.Warpgroup(stages=st, depth=depth, a_source=a_source.split("+")[0],
+                                                      decode_ahead=a_source.endswith("+ahead"),
                                                       sparse_pass=sparse_pass, producers=producers,
                                                       a_stages=a_stages, copies=copies, epilogue=epilogue))
                 out.append((f"{fmt_name}_{act}_{name}", fmt, act, s))
@@ -349,7 +351,7 @@ def run(kdir: Path, out: Path | None) -> int:
             results["times"].append(row)
             cols = " ".join(f"{key[:-3]}={v:.1f}" for key, v in row.items() if key.endswith("_us") and v)
             log(f"time M={m} N={nn} K={k}: {cols}")
-        del copies
+        copies.clear()  # free the weight copies before the next shape
     # ----- table
     log("\nwarpgroup speed (us per launch; x = fp16 time / kernel time):")
     for row in results["times"]:

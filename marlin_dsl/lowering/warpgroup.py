@@ -23,7 +23,10 @@ warpgroup's four decoded A fragments with the whole activation tile. Per K step 
     A_{kv+1} = decode(weights of step kv+1)             while other warpgroups' wgmmas run
 
 (Waiting before the decode keeps one batch's wgmmas back to back: ptxas serialises them if a
-register they read may be written before the wait.)
+register they read may be written before the wait.) With A in registers and `decode_ahead`,
+the decode of step kv+1 moves between the commit and the wait, so a warpgroup's own decode
+runs while its tensor cores work; the loop then takes two steps a pass, whose A fragments are
+distinct registers (one pass's loop-carried A is what ptxas saw written under the wgmmas).
 
 2:4 formats take the sparse wgmma (k32, A compressed, each warp's metadata words from the
 weight layout). Its metadata register is read when the instruction executes, so with A in
@@ -127,8 +130,11 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
         per_set = len(fetched[0])
         acc = b.value("frag_zero", [], self.frag_acc, hint="acc")
 
-        def body(kv: Value, groups: list[list[Value]]) -> list[Value]:
-            a_cur, meta_cur, carried, (acc_in,) = groups
+        def step(kv: Value, a_cur: list[Value], meta_cur: list[Value], carried: list[Value], acc_in: Value,
+                 early: bool) -> list[Value]:
+            """Step kv's wgmmas, then step kv+1's copies, loads and decode: with `early` while
+            the wgmmas run (the caller keeps the two steps' A in distinct registers), else after
+            their wait. Returns [A, metadata, carried loads, accumulator] of step kv+1."""
             self.step_ready(stages - 2)
             slot = self.op2("rem", kv, stages, hint="slot")
             b.op("wgmma_fence", [*a_cur, acc_in])
@@ -136,18 +142,42 @@ class WarpgroupLowering(StreamFamily, RegisterFetch, SwizzledStages, AsyncStages
             for t, a in enumerate(a_cur):
                 acc_v = self.wgmma([a, self.b_offset(slot, t), acc_v], meta_cur, t, {})
             b.op("wgmma_commit")
-            # Wait at once: ptxas serialises the wgmmas of a batch when any register they read
-            # is written before the wait, and after their issue the a registers are dead to it
-            # (free to reuse). The next step's copies, loads and decode follow; the tensor cores
-            # meanwhile run the other warpgroups' batches.
-            done = b.value("wgmma_wait", [acc_v, *a_cur, *meta_cur], self.frag_acc, {"pending": 0}, hint="acc")
+
+            def wait() -> Value:  # step kv's A (and metadata) registers stay live until here
+                return b.value("wgmma_wait", [acc_v, *a_cur, *meta_cur], self.frag_acc, {"pending": 0}, hint="acc")
+            # Without `early`, wait at once: ptxas serialises the wgmmas of a batch when a
+            # register they read may be written before the wait, and after their issue the a
+            # registers are dead (free to reuse). The tensor cores meanwhile run the other
+            # warpgroups' batches.
+            done = None if early else wait()
             self.issue_x(self.op2("add", kv, stages - 1, hint="nx"))
             new = self.fetch(self.op2("add", kv, depth + 1, hint="nx"))
             a_next, meta_next = self.decode(self.op2("add", kv, 1, hint="nx"), carried[:per_set])
-            return [*a_next, *meta_next, *carried[per_set:], *new, done]
+            return [*a_next, *meta_next, *carried[per_set:], *new, done if done is not None else wait()]
 
-        results = self.carried_for(0, self.steps, 1, [("fa", first), ("sm", meta), ("pf", ahead), ("acc", [acc])],
-                                   body, iv_hint="kv", hint="fin")
+        n_a, n_meta = len(first), len(meta)
+
+        def split(flat: list[Value]) -> tuple[list[Value], list[Value], list[Value], Value]:
+            return flat[:n_a], flat[n_a:n_a + n_meta], flat[n_a + n_meta:-1], flat[-1]
+
+        def body(kv: Value, groups: list[list[Value]]) -> list[Value]:
+            a_cur, meta_cur, carried, (acc_in,) = groups
+            return step(kv, a_cur, meta_cur, carried, acc_in, False)
+
+        def body_pair(kv: Value, groups: list[list[Value]]) -> list[Value]:
+            # two steps: the first's decode writes registers only the second's wgmmas read
+            a_cur, meta_cur, carried, (acc_in,) = groups
+            out = step(kv, a_cur, meta_cur, carried, acc_in, True)
+            return step(self.op2("add", kv, 1, hint="ku"), *split(out), True)
+
+        carried = [("fa", first), ("sm", meta), ("pf", ahead), ("acc", [acc])]
+        rest = 0
+        if self.pipeline.decode_ahead:
+            # the steps in pairs, then the last one (odd step counts) as before
+            rest = self.op2("mul", self.op2("div", self.bound(self.steps), 2, hint="ns"), 2, hint="ns")
+            a, m_, c, d = split(self.carried_for(0, rest, 2, carried, body_pair, iv_hint="kv", hint="pre"))
+            carried = [("fa", a), ("sm", m_), ("pf", c), ("acc", [d])]
+        results = self.carried_for(rest, self.steps, 1, carried, body, iv_hint="kv", hint="fin")
         return results[-1]
 
     def loop_shared_a(self) -> Value:

@@ -42,6 +42,11 @@ class Warpgroup:
     #: (the A fragments themselves; a warp waits for its wgmmas before decoding the next step,
     #: since ptxas serialises a batch whose a registers may be overwritten before its wait)
     a_source: Literal["shared", "registers"] = "shared"
+    #: A in registers, dense formats: decode the next step's A while this step's wgmmas run
+    #: (Machete's overlap within a warpgroup) instead of after their wait. The K loop runs two
+    #: steps a pass so that the two steps' A fragments are distinct registers: decoding into
+    #: the registers a queued wgmma reads made ptxas serialise the batch (C7513, nvcc 13.0)
+    decode_ahead: bool = False
     #: 2:4 formats, A in shared memory: K steps per loop pass, 1 or 2 (the sparse wgmma reads
     #: its metadata register when it executes, so a pass retires all its steps' wgmmas before
     #: the loop goes round, and only the steps before its last run on while the next is
@@ -92,6 +97,13 @@ class Warpgroup:
         if self.epilogue not in ("branch", "predicated"):
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup epilogue must be 'branch' or "
                                 f"'predicated', got {self.epilogue!r}", where)
+        if not isinstance(self.decode_ahead, bool):
+            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup decode_ahead must be True or False, "
+                                f"got {self.decode_ahead!r}", where)
+        if self.decode_ahead and self.a_source != "registers":
+            raise ScheduleError(f"schedule {schedule.name!r}: warpgroup decode_ahead overlaps the decode "
+                                "into A registers with the wgmmas: a_source must be 'registers' (with A in "
+                                "shared memory the next step's decode already runs during this step's)", where)
         if self.a_source == "shared" and self.stages < 3:
             raise ScheduleError(f"schedule {schedule.name!r}: warpgroup with a_source='shared' keeps one "
                                 f"step's wgmmas in flight while the next is copied: stages must be "
@@ -153,6 +165,11 @@ class Warpgroup:
                                     f"is {threads} threads, {share} registers each; a consumer's {schedule.tile_m}"
                                     f"-column accumulator and loop need about {need}: fewer producers or a "
                                     "smaller tile_m", where)
+        if self.decode_ahead and layout.sparse:
+            raise ScheduleError(f"schedule {name!r}: warpgroup decode_ahead takes dense formats; the sparse "
+                                f"wgmma of {fmt.name!r} reads its metadata register when it executes, so "
+                                "the next step's words must wait for this step's wgmmas: use "
+                                "decode_ahead=False", where)
         if self.producers and layout.sparse:
             raise ScheduleError(f"schedule {name!r}: warpgroup producers (warp roles) take dense formats; "
                                 f"{fmt.name!r} is 2:4 (its metadata words would have to reach the consumer "
