@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .errors import MarlinDSLError, UsageError
+from .errors import UsageError
 from .ir import Kernel
 from .lowering.pipelines import lower_gemm
 from .passes import DEFAULT_PIPELINE, PASSES, PassManager, build_pipeline
+from .formats import Format
 from .schedule import Gemm
 from .machine.target import Target
 
@@ -56,3 +57,16 @@ def compile_gemm(gemm: Gemm, target: Target, passes: Sequence[str] | None = None
         dump(LOWER_STAGE, kernel, [])
     notes = PassManager(names, dump=dump).run(kernel)
     return CompiledGemm(gemm, target, kernel, notes, [LOWER_STAGE, *names])
+
+
+def compile_dequantize(fmt: Format, activation: str, target: Target) -> CompiledGemm:
+    """The dequantize kernel of `fmt` (`lowering/dequantize.py`: the stream layout decoded to
+    W^T [N, K] in the activation type) for `target`, through the default passes. ScheduleError
+    where the target or format has none (`dequantize_supported` says why)."""
+    from .lowering.dequantize import dequantize_gemm, lower_dequantize
+
+    build_pipeline([])
+    kernel = lower_dequantize(fmt, activation, target)
+    notes = PassManager(pipeline_names(None, None)).run(kernel)
+    return CompiledGemm(dequantize_gemm(fmt, activation, target), target, kernel, notes,
+                        [LOWER_STAGE, *pipeline_names(None, None)])

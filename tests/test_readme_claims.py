@@ -385,6 +385,13 @@ def _sweep_name(fmt_name: str, m: int, k: int, n: int) -> str:
     return tuned_kernel_name(fmt_name, m, k, n)
 
 
+def _tuned_in(run: str, subject: str) -> dict:
+    """{(M, K, N): kernel} the sweep of `run` (a results folder) timed as `subject`'s tuned
+    kernel then (today's table may have moved on)."""
+    return {(lab["M"], lab["K"], lab["N"]): lab["kernel"] for lab in _load(f"{run}/decode_sweep_labels.json")
+            if lab.get("tuned") and lab["subject"] == subject}
+
+
 def test_sparse_decode_round() -> None:
     """Issue 33: the 2:4 decode before (run 1's tuned kernels) and after (run 3's tuned ones:
     `tuned_schedule` picks them today at M = 1; at M = 16 run 18 of the next round replaced
@@ -392,10 +399,8 @@ def test_sparse_decode_round() -> None:
     base = "issue33_h200_2026-11-28"
     before, now = _sweep_times(f"{base}/run1_schedules"), _sweep_times(f"{base}/run3_tuned")
 
-    def tuned_in(run: str) -> dict:
-        return {(lab["M"], lab["K"], lab["N"]): lab["kernel"] for lab in _load(f"{base}/{run}/decode_sweep_labels.json")
-                if lab.get("tuned") and lab["subject"] == "fp4_2of4"}
-    old_tuned, run3_tuned = tuned_in("run1_schedules"), tuned_in("run3_tuned")
+    old_tuned, run3_tuned = _tuned_in(f"{base}/run1_schedules", "fp4_2of4"), _tuned_in(f"{base}/run3_tuned", "fp4_2of4")
+    dense_tuned = _tuned_in(f"{base}/run3_tuned", "fp4")
     for k, n in SHAPES:
         assert run3_tuned[(1, k, n)] == _sweep_name("fp4_2of4", 1, k, n)
     text = " ".join(BENCH_README.split())
@@ -406,7 +411,7 @@ def test_sparse_decode_round() -> None:
         sparse_now = [now[(run3_tuned[(m, k, n)] if m == 1 else "fp4_2of4_m8_n32t2_kw8_d2_u1_v1_xa1_at16", m, k, n)]
                       for k, n in SHAPES]
         sparse_was = [before[(old_tuned[(m, k, n)], m, k, n)] for k, n in SHAPES]
-        dense = [now[(_sweep_name("fp4", m, k, n), m, k, n)] for k, n in SHAPES]
+        dense = [now[(dense_tuned[(m, k, n)], m, k, n)] for k, n in SHAPES]
         slash = " / ".join(f"{v:.1f}" for v in sparse_now)
         assert now_phrase.format(slash) in text, slash
         assert was_phrase.format(" / ".join(f"{v:.1f}" for v in sparse_was)) in text
@@ -428,16 +433,17 @@ def test_sparse_decode_fixed_part() -> None:
         codes = k * n // 2 if fmt_name == "fp4" else k * n // 4 + k * n // 8
         return codes + (k // 128) * n * 2
 
+    tuned = {f: _tuned_in(f"{base}/run3_tuned", f) for f in ("fp4", "fp4_2of4")}
     fits = {}
     for fmt_name in ("fp4", "fp4_2of4"):
-        (b0, t0), (b1, t1) = [(size(fmt_name, k, n), now[(_sweep_name(fmt_name, 1, k, n), 1, k, n)])
+        (b0, t0), (b1, t1) = [(size(fmt_name, k, n), now[(tuned[fmt_name][(1, k, n)], 1, k, n)])
                               for k, n in SHAPES[:2]]
         rate = (b1 - b0) / (t1 - t0) / 1e6  # TB/s (bytes / us / 1e6)
         fits[fmt_name] = (t0 - b0 / rate / 1e6, rate)
         assert f"{fits[fmt_name][0]:.2f} us + {rate:.2f} TB/s" in text, fmt_name
     fixed, rate = fits["fp4_2of4"][0], fits["fp4"][1]
     ideal = [fixed + size("fp4_2of4", k, n) / rate / 1e6 for k, n in SHAPES]
-    dense = [now[(_sweep_name("fp4", 1, k, n), 1, k, n)] for k, n in SHAPES]
+    dense = [now[(tuned["fp4"][(1, k, n)], 1, k, n)] for k, n in SHAPES]
     assert " / ".join(f"{v:.2f}" for v in ideal) + " us" in text
     assert " / ".join(f"{d / v:.2f}x" for d, v in zip(dense, ideal)) + " dense" in text
 

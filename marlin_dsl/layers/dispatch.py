@@ -153,9 +153,17 @@ class TargetDispatch(_KernelDispatch):
         """The runtime's kernel for m rows (a `LayerKernel`)."""
         return self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n, self.parts)
 
+    def _dequantize(self, activation: str, m: int):
+        """The runtime's dequantize kernel where m rows take that route (a `LayerKernel`), else None."""
+        return self.runtime.layer_dequantize(self.fmt, activation, m, self.k, self.n)
+
     def _build(self, shape: tuple[int, ...], dtype: mx.Dtype) -> Launch:
         m = math.prod(shape[:-1])
         activation = _KERNEL_ACTIVATION[dtype]
+        dequantize = self._dequantize(activation, m)
+        if dequantize is not None:
+            launch = self._dequantize_launch(dequantize, activation, dtype)
+            return self.split_after(launch) if self.parts else launch
         kernel = self._kernel(activation, m)
         self._check_io(kernel.name, kernel.input_names, kernel.output_names)
         layout = kernel.weight_layout or LINEAR
@@ -167,6 +175,28 @@ class TargetDispatch(_KernelDispatch):
                                [(*shape[:-1], w) for w in (self.parts if split else (self.n,))], out_dtype,
                                mx.float32 if dtype == mx.float32 else None)
         return self.split_after(launch) if self.parts and not split else launch  # one y (larger M): split
+
+    def _dequantize_launch(self, dq, activation: str, dtype: mx.Dtype) -> Launch:
+        """The weight decoded to W^T [N, K] by the target's dequantize kernel, then `mx.matmul`
+        (for many rows: `TargetRuntime.layer_dequantize`)."""
+        if list(dq.input_names) != [*self.names, "dims"] or list(dq.output_names) != ["w"]:
+            raise MarlinDSLError(f"kernel {dq.name}: takes {list(dq.input_names)} -> {list(dq.output_names)}; "
+                                 f"layers decode with kernels of {[*self.names, 'dims']} -> ['w']")
+        if (dq.weight_layout or LINEAR) != self.layout:
+            raise MarlinDSLError(f"kernel {dq.name}: reads layout {dq.weight_layout!r}, the layer holds {self.layout!r}")
+        kernel, grid, threadgroup = dq.kernel, dq.grid, dq.threadgroup
+        dims = mx.array(dq.dims, dtype=mx.uint32)
+        w_shape, w_dtype = [(self.n, self.k)], [mx.float16 if activation == "f16" else mx.bfloat16]
+        cast = mx.float32 if dtype == mx.float32 else None
+
+        def run(x: mx.array, weights: Sequence[mx.array]) -> mx.array:
+            w = kernel(inputs=[*weights, dims], output_shapes=w_shape, output_dtypes=w_dtype, grid=grid,
+                       threadgroup=threadgroup, init_value=_INIT_VALUE)[0]
+            if cast is not None:  # f32 activations: the product runs in f16, as the kernels do
+                return mx.matmul(x.astype(mx.float16), w.T).astype(cast)
+            return mx.matmul(x, w.T)
+
+        return run
 
 
 #: Concrete backends by name: MLX ops, and every target with a runtime (its kernels).

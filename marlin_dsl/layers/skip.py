@@ -76,6 +76,9 @@ class SkipDispatch(TargetDispatch):
     def _kernel(self, activation: str, m: int):
         return self.runtime.layer_kernel(self.fmt, activation, m, self.k, self.n, skip=True)
 
+    def _dequantize(self, activation: str, m: int):
+        return None  # the skipping layout is for the decode's few rows; the dense path does the rest
+
 
 class SkipPath:
     """A layer's skipping dispatch and the arrays it reads (`weights`, in its input order)."""

@@ -165,6 +165,11 @@ class TargetRuntime(Protocol):
 
     def layer_layout(self, fmt: Any, k: int, n: int) -> str | None: ...
 
+    def layer_dequantize(self, fmt: Any, activation: str, m: int, k: int, n: int) -> LayerKernel | None:
+        """The kernel decoding a [K, N] weight to W^T [N, K] (activation type) where a layer of
+        m rows multiplies faster through it and the fp16/bf16 GEMM, else None."""
+        ...
+
     def skip_max_stored(self, k: int, n: int) -> float:
         """The largest share of a [K, N] weight's vectors stored at which a layer runs the
         block-skipping kernels (measured on the target); 0 where it has none."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...compiler import CompiledGemm, compile_gemm
+from ...compiler import CompiledGemm, compile_dequantize, compile_gemm
 from ...errors import ScheduleError
 from ...formats import Format, PackedWeights
 from ...ir.core import Kernel
@@ -32,7 +32,8 @@ from .cpu_harness import CompiledCudaCPU, CudaCPUError, compile_cuda_cpu, find_c
 from .launch import CudaGemm, CudaLaunch, CudaWeights, build_cuda_kernel, gemm_inout_inputs
 from .launch_precompiled import device_arch
 from .printer import print_cuda
-from .tuning import SKIP_MAX_M, max_stored, skip_schedule, tuned_schedule
+from ...lowering.dequantize import dequantize_supported
+from .tuning import SKIP_MAX_M, dequantize_min_m, max_stored, skip_schedule, tuned_schedule
 
 
 def cuda_schedule(fmt: Format, m: int, k: int | None = None, n: int | None = None) -> Schedule:
@@ -66,6 +67,23 @@ def cuda_gemm(fmt: Format, activation: str, schedule: Schedule | None = None,
     parts = "_parts" + "x".join(map(str, outputs)) if outputs else ""
     gemm = Gemm(f"{fmt.name}_{activation}_{schedule.name}{parts}", fmt, schedule, activation, outputs)
     return build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
+
+
+@lru_cache(maxsize=None)
+def cuda_dequantize(fmt: Format, activation: str) -> CudaGemm:
+    """The compiled dequantize kernel of (format, activation) (`compile_dequantize`); cached."""
+    return build_cuda_kernel(compile_dequantize(fmt, activation, CUDA).kernel)
+
+
+def layer_binding(kernel: CudaGemm, m: int, k: int, n: int) -> LayerKernel:
+    """A compiled kernel bound to one (M, K, N) for `layers.dispatch`: the MLX kernel, its
+    parameter names, the dims input, grid and threadgroup, and the layout it reads."""
+    source = kernel.source
+    scalars = {"M": m, "N": n, "K": k}
+    grid, threadgroup = source.launch_dims(scalars)
+    return LayerKernel(kernel.kernel, source.name, tuple(source.input_names), tuple(source.output_names),
+                       tuple(int(v) for v in source.dims(scalars)), grid, threadgroup,
+                       source.attrs.get("weight_layout"))
 
 
 #: id(packed) -> (weak reference to it, {layout: CudaWeights}): one conversion per weight.
@@ -186,13 +204,17 @@ class CudaRuntime:
         pipeline does (the weight stream: the decode's row counts), else one y. `skip`: the
         kernel over each block's stored vectors (`skip_schedule`; the skipping layout)."""
         schedule = skip_schedule(fmt, m, CUDA, k) if skip else cuda_schedule(fmt, m, k, n)
-        gemm = cuda_gemm(fmt, activation, schedule, written_outputs(schedule, outputs))
-        source = gemm.source
-        scalars = {"M": m, "N": n, "K": k}
-        grid, threadgroup = source.launch_dims(scalars)
-        return LayerKernel(gemm.kernel, source.name, tuple(source.input_names), tuple(source.output_names),
-                           tuple(int(v) for v in source.dims(scalars)), grid, threadgroup,
-                           source.attrs.get("weight_layout"))
+        return layer_binding(cuda_gemm(fmt, activation, schedule, written_outputs(schedule, outputs)), m, k, n)
+
+
+    def layer_dequantize(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel | None:
+        """The dequantize kernel (W^T [N, K] in the activation type, for `mx.matmul`) where a
+        layer of m rows should decode its weight once (`tuning.dequantize_min_m`, on a device
+        with the warpgroup MMA, where it was measured) and the format's stream layout is
+        dense; else None (the layer runs `layer_kernel`'s GEMM)."""
+        if m < dequantize_min_m(k, n) or not device_has_warpgroup() or dequantize_supported(fmt, CUDA, k):
+            return None
+        return layer_binding(cuda_dequantize(fmt, activation), m, k, n)
 
 
 RUNTIME = CudaRuntime()

@@ -11,7 +11,7 @@ from ...machine.cuda import CUDA
 from ...machine.target import Target
 from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
 
-__all__ = ["SKIP_MAX_M", "SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "max_stored", "multistage_schedule", "skip_schedule", "stream_step_k", "tuned_schedule",
+__all__ = ["DEQUANTIZE_MIN_M", "DEQUANTIZE_MIN_M_SMALL", "SKIP_MAX_M", "dequantize_min_m", "SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "max_stored", "multistage_schedule", "skip_schedule", "stream_step_k", "tuned_schedule",
            "warpgroup_roles_schedule", "warpgroup_schedule"]
 
 
@@ -76,7 +76,11 @@ def tuned_schedule(fmt: Format, m: int, target: Target | None = None, k: int | N
         long_k = k is not None and n is not None and k > n
         return make("stream_m16_sparse", 16, 16 if long_k else 8, depth=1, n_tiles=2, x_ahead=1, x_shuffle=4)
     if m <= 8:
-        return make("stream_m8", 8, k_warps, depth=2, tile_k=pair_k)
+        # Where N > K, 4 K warps (896 blocks of 4 warps on 4096 x 14336: one wave at 58
+        # registers) rather than 8 (1.7 waves): 11.9 against 12.8 us for fp4 at M = 1 on the
+        # H200 (ncu, cold L2; bench/results/issue34_h200_2026-11-29 run 7, one run); depth 3
+        # or 4 were slower with either (13.8-19.5 us).
+        return make("stream_m8", 8, 4 if wide_n else k_warps, depth=2, tile_k=pair_k)
     if m <= 16:
         return make("stream_m16", 16, k_warps)
     if m <= 64 and not wide_n:
@@ -164,6 +168,25 @@ def multistage_schedule(fmt: Format, m: int, target: Target | None = None, k: in
                         pipeline=Multistage(stages=3))
     return Schedule("multistage_small", tile_m=64, tile_n=128, tile_k=tile_k, warps_m=2, warps_n=2,
                     pipeline=Multistage(stages=4))
+
+
+#: Rows from which a layer decodes its weight once to W^T (the dequantize kernel,
+#: lowering/dequantize.py) and multiplies with the fp16/bf16 GEMM (`mx.matmul`), where that is
+#: faster than decoding per M tile inside our GEMMs, for weights of at least SMALL_WEIGHT
+#: elements and for smaller ones (where the decode's fixed part weighs more). From the H200,
+#: MLX wall clock, weights rotated past the L2 (bench/results/issue34_h200_2026-11-29 runs 3
+#: and 5, fp4 and uint4_zp, f16 and bf16): on 4096 x 14336 and 14336 x 4096 the route took
+#: 234-245 us at M = 1024 against our warpgroup GEMM's 244-300 (at 512 it lost: 156-169
+#: against 141-156); on 4096 x 4096 it lost at 1024 (88-95 against 84-97), broke even at 1536
+#: (114-116 against 117-120) and won at 2047 (138-140 against 159-165), on 4096 x 6144 it won
+#: from 1536. mlx-lm prefills a 2048-token prompt as 2047 rows, then one.
+DEQUANTIZE_MIN_M = 1024
+DEQUANTIZE_MIN_M_SMALL = 1536
+
+
+def dequantize_min_m(k: int, n: int) -> int:
+    """The fewest rows at which a [K, N] weight's layer takes the dequantize route."""
+    return DEQUANTIZE_MIN_M if k * n >= SMALL_WEIGHT else DEQUANTIZE_MIN_M_SMALL
 
 
 #: Rows above which a device with the warpgroup MMA runs the warpgroup pipeline

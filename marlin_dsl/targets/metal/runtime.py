@@ -193,4 +193,9 @@ class MetalRuntime:
                            None if schedule is None else STREAM_LAYOUT)
 
 
+    def layer_dequantize(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel | None:
+        """None: Metal layers run their GEMM kernels at every row count."""
+        return None
+
+
 RUNTIME = MetalRuntime()
