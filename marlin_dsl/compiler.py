@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 
 from .errors import UsageError
 from .ir import Kernel
+from .lowering.dequantize import dequantize_gemm, lower_dequantize
 from .lowering.pipelines import lower_gemm
 from .passes import DEFAULT_PIPELINE, PASSES, PassManager, build_pipeline
 from .formats import Format
@@ -63,10 +64,8 @@ def compile_dequantize(fmt: Format, activation: str, target: Target) -> Compiled
     """The dequantize kernel of `fmt` (`lowering/dequantize.py`: the stream layout decoded to
     W^T [N, K] in the activation type) for `target`, through the default passes. ScheduleError
     where the target or format has none (`dequantize_supported` says why)."""
-    from .lowering.dequantize import dequantize_gemm, lower_dequantize
-
-    build_pipeline([])
+    build_pipeline([])  # importing the passes fills the registry
+    names = pipeline_names(None, None)
     kernel = lower_dequantize(fmt, activation, target)
-    notes = PassManager(pipeline_names(None, None)).run(kernel)
-    return CompiledGemm(dequantize_gemm(fmt, activation, target), target, kernel, notes,
-                        [LOWER_STAGE, *pipeline_names(None, None)])
+    notes = PassManager(names).run(kernel)
+    return CompiledGemm(dequantize_gemm(fmt, activation, target), target, kernel, notes, [LOWER_STAGE, *names])

@@ -36,6 +36,8 @@ _INIT_VALUE = float("nan") if os.environ.get("MARLIN_DSL_POISON") else None
 #: Activation dtypes layers take; the kernels compute in f16 or bf16 (f32 runs as f16).
 ACTIVATION_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 _KERNEL_ACTIVATION = {mx.float16: "f16", mx.bfloat16: "bf16", mx.float32: "f16"}
+#: What a kernel of each activation type writes.
+_OUTPUT_DTYPE = {"f16": mx.float16, "bf16": mx.bfloat16}
 #: Launches kept per Dispatch (one per distinct activation shape seen); beyond, start over.
 _MAX_LAUNCHES = 4096
 
@@ -132,12 +134,16 @@ class _KernelLaunch:
 class _KernelDispatch(Dispatch):
     """Our kernels: inputs x, the weight arrays in buffer order, dims; the only output y."""
 
-    def _check_io(self, name: str, inputs: Sequence[str], outputs: Sequence[str]) -> None:
-        expected = ["x", *self.names, "dims"]
-        allowed = [["y"], output_names(self.parts)] if self.parts else [["y"]]
-        if list(inputs) != expected or list(outputs) not in allowed:
-            raise MarlinDSLError(f"kernel {name}: takes {list(inputs)} -> {list(outputs)}; layers "
-                                 f"launch kernels of {expected} -> {' or '.join(map(str, allowed))}")
+    def _check_kernel(self, kernel, expected: list[str], allowed: list[list[str]], verb: str = "launch") -> None:
+        """MarlinDSLError unless `kernel` (a `LayerKernel`) takes `expected` inputs, writes one of
+        the `allowed` output lists and reads the layout the layer holds."""
+        inputs, outputs = list(kernel.input_names), list(kernel.output_names)
+        if inputs != expected or outputs not in allowed:
+            raise MarlinDSLError(f"kernel {kernel.name}: takes {inputs} -> {outputs}; layers "
+                                 f"{verb} with kernels of {expected} -> {' or '.join(map(str, allowed))}")
+        if (kernel.weight_layout or LINEAR) != self.layout:
+            raise MarlinDSLError(f"kernel {kernel.name}: reads layout {kernel.weight_layout or LINEAR!r}, "
+                                 f"the layer holds {self.layout!r}")
 
 
 class TargetDispatch(_KernelDispatch):
@@ -165,11 +171,9 @@ class TargetDispatch(_KernelDispatch):
             launch = self._dequantize_launch(dequantize, activation, dtype)
             return self.split_after(launch) if self.parts else launch
         kernel = self._kernel(activation, m)
-        self._check_io(kernel.name, kernel.input_names, kernel.output_names)
-        layout = kernel.weight_layout or LINEAR
-        if layout != self.layout:
-            raise MarlinDSLError(f"kernel {kernel.name}: reads layout {layout!r}, the layer holds {self.layout!r}")
-        out_dtype = mx.float16 if activation == "f16" else mx.bfloat16
+        self._check_kernel(kernel, ["x", *self.names, "dims"],
+                           [["y"], output_names(self.parts)] if self.parts else [["y"]])
+        out_dtype = _OUTPUT_DTYPE[activation]
         split = len(kernel.output_names) > 1  # the kernel writes the parts
         launch = _KernelLaunch(kernel.kernel, mx.array(kernel.dims, dtype=mx.uint32), kernel.grid, kernel.threadgroup,
                                [(*shape[:-1], w) for w in (self.parts if split else (self.n,))], out_dtype,
@@ -179,14 +183,10 @@ class TargetDispatch(_KernelDispatch):
     def _dequantize_launch(self, dq, activation: str, dtype: mx.Dtype) -> Launch:
         """The weight decoded to W^T [N, K] by the target's dequantize kernel, then `mx.matmul`
         (for many rows: `TargetRuntime.layer_dequantize`)."""
-        if list(dq.input_names) != [*self.names, "dims"] or list(dq.output_names) != ["w"]:
-            raise MarlinDSLError(f"kernel {dq.name}: takes {list(dq.input_names)} -> {list(dq.output_names)}; "
-                                 f"layers decode with kernels of {[*self.names, 'dims']} -> ['w']")
-        if (dq.weight_layout or LINEAR) != self.layout:
-            raise MarlinDSLError(f"kernel {dq.name}: reads layout {dq.weight_layout!r}, the layer holds {self.layout!r}")
+        self._check_kernel(dq, [*self.names, "dims"], [["w"]], verb="decode")
         kernel, grid, threadgroup = dq.kernel, dq.grid, dq.threadgroup
         dims = mx.array(dq.dims, dtype=mx.uint32)
-        w_shape, w_dtype = [(self.n, self.k)], [mx.float16 if activation == "f16" else mx.bfloat16]
+        w_shape, w_dtype = [(self.n, self.k)], [_OUTPUT_DTYPE[activation]]
         cast = mx.float32 if dtype == mx.float32 else None
 
         def run(x: mx.array, weights: Sequence[mx.array]) -> mx.array:

@@ -206,7 +206,6 @@ class CudaRuntime:
         schedule = skip_schedule(fmt, m, CUDA, k) if skip else cuda_schedule(fmt, m, k, n)
         return layer_binding(cuda_gemm(fmt, activation, schedule, written_outputs(schedule, outputs)), m, k, n)
 
-
     def layer_dequantize(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel | None:
         """The dequantize kernel (W^T [N, K] in the activation type, for `mx.matmul`) where a
         layer of m rows should decode its weight once (`tuning.dequantize_min_m`, on a device

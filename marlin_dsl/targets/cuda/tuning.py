@@ -11,7 +11,8 @@ from ...machine.cuda import CUDA
 from ...machine.target import Target
 from ...schedule import Multistage, Schedule, Warpgroup, WeightStream
 
-__all__ = ["DEQUANTIZE_MIN_M", "DEQUANTIZE_MIN_M_SMALL", "SKIP_MAX_M", "dequantize_min_m", "SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL", "max_stored", "multistage_schedule", "skip_schedule", "stream_step_k", "tuned_schedule",
+__all__ = ["DEQUANTIZE_MIN_M", "DEQUANTIZE_MIN_M_SMALL", "SKIP_MAX_M", "SKIP_MAX_STORED", "SKIP_MAX_STORED_SMALL",
+           "dequantize_min_m", "max_stored", "multistage_schedule", "skip_schedule", "stream_step_k", "tuned_schedule",
            "warpgroup_roles_schedule", "warpgroup_schedule"]
 
 

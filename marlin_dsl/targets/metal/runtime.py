@@ -192,7 +192,6 @@ class MetalRuntime:
                            (m, n, k), (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1),
                            None if schedule is None else STREAM_LAYOUT)
 
-
     def layer_dequantize(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel | None:
         """None: Metal layers run their GEMM kernels at every row count."""
         return None
