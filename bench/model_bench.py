@@ -21,16 +21,19 @@ first, then measured in turns, `--repeats` rounds; the medians are reported. Bat
 at once; the rate is its own generated tokens per second of generation time (prompt processing
 excluded), all B streams together. Graph build:
 the Python time of one decode step's forward (building the graph, not evaluating it), which
-`generate_step` overlaps with the device's work of the step before.
+`generate_step` overlaps with the device's work of the step before. Host work: one step's build
+plus encode (`mx.async_eval`), and its graph's primitives counted by name (`mx.export_to_dot`).
 
     python bench/model_bench.py --layers 32 --out bench/results/model_h100_DATE
 """
 from __future__ import annotations
 
 import argparse
-import gc
+import collections
+import io
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -43,7 +46,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-VARIANTS = ("fp16", "mlx_4bit_g64", "fp4", "uint4_zp", "nf4", "fp4_2of4", "fp4-unfused")
+VARIANTS = ("fp16", "mlx_4bit_g64", "fp4", "uint4_zp", "nf4", "fp4_2of4", "fp4-noblocks", "fp4-unfused")
 
 
 def llama_args(layers: int, small: bool = False):
@@ -91,9 +94,12 @@ def convert_variant(model: nn.Module, variant: str) -> float:
     elif variant != "fp16":
         from marlin_dsl.models import convert
 
-        name, _, option = variant.partition("-")  # "fp4-unfused": q/k/v and gate/up separately
+        # "fp4-unfused": q/k/v and gate/up separately; "fp4-noblocks": fused groups, but no
+        # epilogues in the kernels (models/fused_block.py: silu * up and the residual in MLX ops)
+        name, _, option = variant.partition("-")
         convert(model, lambda path, module: name if block_linear(path, module) else None,
-                **({"fuse": ()} if option == "unfused" else {}))
+                **({"fuse": (), "blocks": False} if option == "unfused" else
+                   {"blocks": False} if option == "noblocks" else {}))
         mx.eval(model.parameters())
     return time.perf_counter() - t0
 
@@ -124,6 +130,44 @@ def graph_build_time(model: nn.Module, prompt: mx.array, steps: int = 32) -> flo
         token = mx.argmax(logits[:, -1, :], axis=-1)[:, None]
         mx.eval(token)
     return total / steps
+
+
+def step_parts(model, prompt: mx.array, steps: int) -> dict[str, float]:
+    """Median ms of build / encode / wait over `steps` decode steps, one at a time."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(prompt[None], cache=cache))
+    token = prompt[-1:][None]
+    parts = collections.defaultdict(list)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        logits = model(token, cache=cache)
+        token = mx.argmax(logits[:, -1, :], axis=-1)[:, None]
+        t1 = time.perf_counter()
+        mx.async_eval(token)
+        t2 = time.perf_counter()
+        mx.eval(token)
+        t3 = time.perf_counter()
+        parts["build"].append(t1 - t0)
+        parts["encode"].append(t2 - t1)
+        parts["wait"].append(t3 - t2)
+    return {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+
+
+def graph_counts(model, prompt: mx.array) -> dict[str, int]:
+    """Primitives of one decode step's graph by name (evaluated arrays are leaves)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(prompt[None], cache=cache))
+    logits = model(prompt[-1:][None], cache=cache)
+    token = mx.argmax(logits[:, -1, :], axis=-1)
+    buf = io.StringIO()
+    mx.export_to_dot(buf, token)
+    counts = collections.Counter(re.findall(r'label ="([^"]+)"', buf.getvalue()))
+    mx.eval(token)
+    return dict(counts.most_common())
 
 
 def batched_decode_once(model: nn.Module, batch: int, tokens: int, vocab: int) -> dict:
@@ -213,9 +257,14 @@ def main() -> int:
     for variant, model in models.items():
         row = rows[variant]
         per_token = statistics.median(row["decode"])
+        graph = graph_counts(model, prompt)
+        parts = step_parts(model, prompt, 32)
         row.update({"decode_ms_per_token": per_token * 1e3, "decode_tokens_per_s": 1.0 / per_token,
                     "decode_ms_all": [t * 1e3 for t in row.pop("decode")],
-                    "graph_build_ms_per_token": graph_build_time(model, prompt) * 1e3})
+                    "graph_build_ms_per_token": graph_build_time(model, prompt) * 1e3,
+                    # one token's step taken apart (build, encode, wait) and its graph's primitives
+                    "step_ms": parts, "host_ms_per_token": parts["build"] + parts["encode"],
+                    "primitives_per_token": sum(graph.values()), "primitives": graph})
         for length in args.prefill:
             times = row.pop(f"prefill_{length}")
             row[f"prefill_{length}_ms"] = statistics.median(times) * 1e3
@@ -225,7 +274,8 @@ def main() -> int:
             row[f"batch_{b}_tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in runs)
             row[f"batch_{b}_all"] = runs
         print(f"{variant:>13}: decode {row['decode_ms_per_token']:6.2f} ms/token "
-              f"({row['decode_tokens_per_s']:6.1f} tok/s, graph build {row['graph_build_ms_per_token']:5.2f} ms), "
+              f"({row['decode_tokens_per_s']:6.1f} tok/s, graph build {row['graph_build_ms_per_token']:5.2f} ms, "
+              f"host {row['host_ms_per_token']:5.2f} ms, {row['primitives_per_token']} primitives), "
               + ", ".join([f"prefill {n}: {row[f'prefill_{n}_ms']:7.1f} ms" for n in args.prefill]
                           + [f"batch {b}: {row[f'batch_{b}_tokens_per_s']:7.1f} tok/s" for b in args.batch]), flush=True)
     rows = list(rows.values())

@@ -244,6 +244,7 @@ template <typename T> inline T fmax(T a, T b) { return T(std::fmax((float)a, (fl
 inline float fmin(float a, float b) { return std::fmin(a, b); }
 inline float fmax(float a, float b) { return std::fmax(a, b); }
 inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
+inline float exp2(float a) { return std::exp2(a); }
 // half: the product is exact in double; TwoSum + round-to-odd make the final rounding single.
 inline half fma(half a, half b, half c) {
   double p = (double)(float)a * (double)(float)b, q = (double)(float)c, s = p + q;

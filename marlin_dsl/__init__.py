@@ -49,13 +49,14 @@ from .formats.builtin import BUILTIN_FORMATS, builtin_format
 from .errors import ScheduleError
 from .schedule import (DoubleBuffered, FusedDequant, Gemm, Multistage, Schedule, StripedKParallel, Warpgroup,
                        WeightStream)
+from .epilogue import Epilogue
 from .machine import CUDA, METAL, TARGETS, Target
 from .targets import emit
 from .targets.cuda.tuning import multistage_schedule, tuned_schedule
 from ._version import __version__
 
 __all__ = [
-    "CUDA", "DoubleBuffered", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "Warpgroup",
+    "CUDA", "DoubleBuffered", "Epilogue", "FusedDequant", "Gemm", "METAL", "Multistage", "Schedule", "StripedKParallel", "Warpgroup",
     "WeightStream",
     "ScheduleError", "multistage_schedule", "tuned_schedule",
     "TARGETS", "Target", "emit", "BUILTIN_FORMATS", "BlockPatternSparsity", "FloatEncoding", "Format", "FormatError",

@@ -14,7 +14,7 @@ from .ir import Kernel
 from .ir.numerics import round_to_activation
 from .layouts.block_skip import skip_arrays
 from .layouts.weight_stream import LAYOUT_NAME, stream_arrays
-from .machine.outputs import y_columns
+from .machine.outputs import epilogue_inputs, steps_of, y_columns
 from .machine.target import TARGETS
 
 #: Poison written into outputs before a kernel runs: any element the kernel fails to write
@@ -45,11 +45,13 @@ def to_kernel_layout(attrs: dict, packed: PackedWeights) -> PackedWeights:
     return PackedWeights(packed.format, packed.shape, physical_arrays(attrs, packed), layout)
 
 
-def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object,
+                 epilogue: dict[str, object] | None = None) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Flat input/output buffers and launch scalars for Y = X @ W with a lowered kernel.
 
-    Y is poisoned; the striped pipeline's partial sums are poisoned and its arrival
-    counters zeroed (the kernel leaves them zero again).
+    `epilogue`: the arrays the kernel's epilogue reads (`bias` [N], `residual` [M, N_out];
+    rounded to the activation type here). Y is poisoned; the striped pipeline's partial sums
+    are poisoned and its arrival counters zeroed (the kernel leaves them zero again).
     """
     xs = check_float_matrix(x, "x")
     k, n = packed.shape
@@ -68,8 +70,10 @@ def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict
         if name in storage and storage[name].name == "bf16":  # executors hold bf16 in float32
             flat = storage[name].to_float64(flat).astype(np.float32)
         buffers[name] = flat
+    columns = y_columns(kernel.attrs, kernel.name, n, "packed")
+    buffers.update(epilogue_buffers(kernel, epilogue or {}, m, n, sum(columns.values()), activation))
     out_dtype = np.float16 if activation == "f16" else np.float32
-    for name, width in y_columns(kernel.attrs, kernel.name, n, "packed").items():
+    for name, width in columns.items():
         buffers[name] = np.full(m * width, POISON, dtype=out_dtype)
     if kernel.attrs.get("pipeline") == "striped":
         tile_m, tile_n, _ = kernel.attrs["tile"]  # type: ignore[misc]
@@ -80,8 +84,31 @@ def gemm_buffers(kernel: Kernel, packed: PackedWeights, x: object) -> tuple[dict
     return buffers, {"M": m, "N": n, "K": k}
 
 
+def epilogue_buffers(kernel: Kernel, arrays: dict[str, object], m: int, n: int, n_out: int,
+                     activation: str) -> dict[str, np.ndarray]:
+    """The epilogue's inputs of `kernel` from `arrays` (bias [N], residual [M, N_out]), flat and
+    rounded to the activation type; ShapeError naming a missing, extra or misshapen one."""
+    wanted = epilogue_inputs(steps_of(kernel.attrs))
+    extra = sorted(set(arrays) - set(wanted))
+    if extra:
+        raise ShapeError(f"epilogue: kernel {kernel.name!r} reads {wanted or 'no epilogue inputs'}, "
+                         f"not {extra}")
+    shapes = {"bias": (n,), "residual": (m, n_out)}
+    out = {}
+    for name in wanted:
+        if name not in arrays:
+            raise ShapeError(f"epilogue: kernel {kernel.name!r} reads {name!r} {list(shapes[name])}; pass it")
+        a = np.asarray(arrays[name], dtype=np.float64)
+        if a.shape != shapes[name] or not np.all(np.isfinite(a)):
+            raise ShapeError(f"epilogue: {name} must be finite with shape {list(shapes[name])}, got "
+                             f"{list(a.shape)}{'' if a.shape != shapes[name] else ' with non-finite values'}")
+        out[name] = round_to_activation(a, activation).ravel()
+    return out
+
+
 def read_output(buffers: dict[str, np.ndarray], m: int, n: int) -> np.ndarray:
-    """Y [M, N]: y, or the parts y0, y1, ... (`Gemm.outputs`) side by side."""
+    """Y [M, N]: y, or the parts y0, y1, ... (`Gemm.outputs`) side by side (N: Y's columns,
+    half the GEMM's with a gated epilogue)."""
     if "y" in buffers:
         return buffers["y"][: m * n].reshape(m, n)
     parts = [buffers[f"y{i}"].reshape(m, -1) for i in range(sum(1 for name in buffers if _is_part(name)))]

@@ -193,7 +193,9 @@ class MarlinLinear(nn.Module):
     def _hold(self, linear: Mapping[str, object], arrays: dict) -> None:
         """`arrays` (valid, in `layout`) as the parameters; the skipping path where it pays."""
         for name in self._weight_names:
-            dict.__setitem__(self, name, arrays[name])  # not a replacement from outside
+            # Row-contiguous: a kernel launch copies any other array on every call (a gather
+            # along columns, `models.fuse.permuted_columns`, gives column-major ones).
+            dict.__setitem__(self, name, mx.contiguous(arrays[name]))  # not a replacement from outside
         shape = (self.input_dims, self.output_dims)
         object.__setattr__(self, "_skip", skip_path(self.format, shape, linear, arrays, self._backend, self.layout))
 
@@ -203,6 +205,8 @@ class MarlinLinear(nn.Module):
     def _disarm(self) -> None:
         object.__setattr__(self, "_call", self._arm_and_call)
         object.__setattr__(self, "_parts_call", self._arm_and_call_parts)
+        # per-call closures of calls with an epilogue (models/fused_block.py), by steps
+        object.__setattr__(self, "_epilogue_calls", {})
 
     def _arm_and_call(self, x: mx.array) -> mx.array:
         self.prepare()

@@ -11,7 +11,9 @@ from .formats import Format
 # The pipelines live in marlin_dsl/pipelines/ (one module each, registered by kind); their
 # classes stay importable from here.
 from .pipelines import (PIPELINES, DoubleBuffered, FusedDequant, Multistage, Pipeline, StripedKParallel, Warpgroup,
-                        WeightStream, splits_outputs)
+                        WeightStream, applies_epilogue, splits_outputs)
+from .epilogue import Epilogue
+from .machine.outputs import GATE_ROWS
 from .machine.target import TARGETS, Target
 from .source import caller_location, record_declaration
 
@@ -114,13 +116,17 @@ class Gemm:
     `outputs`: Y's columns written as separate arrays y0, y1, ... of these widths (N is their
     sum), for sibling layers fused into one GEMM (q/k/v): each part comes out of the kernel as
     its own array, with no split after it. Empty: one output, y. Only pipelines whose epilogue
-    writes parts (`splits_outputs`, the weight stream) take it."""
+    writes parts (`splits_outputs`, the weight stream) take it.
+
+    `epilogue`: bias, a gated activation and a residual add applied before Y is written
+    (`marlin_dsl/epilogue.py`); only pipelines that apply one (`applies_epilogue`) take it."""
 
     name: str
     format: Format
     schedule: Schedule
     activation: Literal["f16", "bf16"] = "f16"
     outputs: tuple[int, ...] = ()
+    epilogue: Epilogue | None = None
     location: SourceLocation | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -134,6 +140,7 @@ class Gemm:
             raise ScheduleError(f"gemm {self.name!r}: activation must be 'f16' or 'bf16', "
                                      f"got {self.activation!r}", self.location)
         check_outputs(self.name, self.outputs, self.schedule, self.location)
+        check_epilogue(self.name, self.epilogue, self.outputs, self.schedule, self.location)
         record_declaration(self)
 
 
@@ -183,6 +190,28 @@ def check_outputs(name: str, outputs: object, schedule: Schedule, location: Sour
                             f"(schedule {schedule.name!r}) writes one output; only "
                             f"{', '.join(k for k, c in PIPELINES.items() if splits_outputs(c))} "
                             "writes parts", location)
+
+
+def check_epilogue(name: str, epilogue: object, outputs: tuple[int, ...], schedule: Schedule,
+                   location: SourceLocation | None) -> None:
+    """`epilogue` of gemm `name` is None or an Epilogue its schedule's pipeline applies, not
+    with `outputs`, and with a gate on tiles of whole (gate, up) runs; else ScheduleError."""
+    if epilogue is None:
+        return
+    if not isinstance(epilogue, Epilogue):
+        raise ScheduleError(f"gemm {name!r}: epilogue must be an Epilogue(...) or None, got {epilogue!r}", location)
+    if not applies_epilogue(schedule.pipeline):
+        raise ScheduleError(f"gemm {name!r}: epilogue {'+'.join(epilogue.steps)}: the {schedule.pipeline.kind} "
+                            f"pipeline (schedule {schedule.name!r}) does not apply epilogues; only "
+                            f"{', '.join(k for k, c in PIPELINES.items() if applies_epilogue(c))} does", location)
+    if outputs:
+        raise ScheduleError(f"gemm {name!r}: an epilogue and outputs {outputs} together: write one "
+                            "output, or split without an epilogue", location)
+    if epilogue.gate is not None and (schedule.tile_n // schedule.warps_n) % (2 * GATE_ROWS):
+        raise ScheduleError(f"gemm {name!r}: a gated epilogue pairs gate and up columns in runs of "
+                            f"{GATE_ROWS}, so each warp's N rows (tile_n / warps_n = "
+                            f"{schedule.tile_n // schedule.warps_n}) must be a multiple of {2 * GATE_ROWS}",
+                            location)
 
 
 def default_schedule(fmt: Format) -> Schedule:

@@ -91,8 +91,10 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch):
     import mlx.core as mx
     import numpy as np
 
+    import marlin_dsl.targets.cuda.launch as cuda_launch
     import marlin_dsl.targets.cuda.runtime as runtime
     import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.layers.epilogue_dispatch as epilogue_dispatch
     import marlin_dsl.layers.skip as skip
     import marlin_dsl.nn as mnn
     from marlin_dsl.ir.interpret import run_kernel
@@ -121,8 +123,12 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(runtime, "build_cuda_kernel", recording_build)
     monkeypatch.setattr(mx.fast, "cuda_kernel", fake_cuda_kernel)
+    # Kernels printed with __launch_bounds__ launch precompiled on a GPU; the stand-in runs the
+    # IR either way, so every kernel goes through it.
+    monkeypatch.setattr(cuda_launch, "launch_path", lambda source: "cuda_kernel")
     monkeypatch.setattr(mnn, "_cuda_available", lambda: True)
-    caches = (runtime.cuda_gemm, dispatch.dispatch_for, skip.skip_dispatch_for)  # launches bound to the fake
+    caches = (runtime.cuda_gemm, dispatch.dispatch_for, skip.skip_dispatch_for,  # launches bound to the fake
+              epilogue_dispatch.epilogue_dispatch_for)
     for cache in caches:
         cache.cache_clear()
     yield launches

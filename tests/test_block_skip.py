@@ -245,12 +245,13 @@ def test_error_model_takes_zero_columns() -> None:
     assert not compare(bad, ref, x, w, "f16").ok
 
 
-def test_blocks_above_512_threads_are_register_bounded() -> None:
+def test_blocks_of_512_threads_or_more_are_register_bounded() -> None:
     """A 1024-thread stream (32 K warps) compiled to 70 registers a thread and did not launch
-    on the H200 (run 5b: MLX left the poisoned output). Above 512 threads the kernel is
-    printed with `__launch_bounds__(threads, 1)` and launched precompiled (MLX's cuda_kernel
-    writes its own signature, without it); ptxas then keeps it to 64 registers. The CPU
-    harness runs the bounded text."""
+    on the H200 (run 5b: MLX left the poisoned output); so did a 512-thread one at 132 (issue
+    35). From 512 threads the kernel is printed with `__launch_bounds__(threads, 1)` and
+    launched precompiled (MLX's cuda_kernel writes its own signature, without it); ptxas then
+    keeps it to 64 registers. A 256-thread block is not bounded. The CPU harness runs the
+    bounded text."""
     import re
     import tempfile
 
@@ -265,9 +266,13 @@ def test_blocks_above_512_threads_are_register_bounded() -> None:
     src = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
     assert kernel.threads == 1024 and "__launch_bounds__(1024, 1)" in src.full_source()
     assert launch_path(src) == "precompiled"
-    small = compile_gemm(Gemm("skip_kw16", FP4_BLOCKS, skip_schedule(k_warps=16), "f16"), CUDA).kernel
+    half = compile_gemm(Gemm("skip_kw16", FP4_BLOCKS, skip_schedule(k_warps=16), "f16"), CUDA).kernel
+    half_src = print_cuda(half, inout_inputs=gemm_inout_inputs(half))
+    assert half.threads == 512 and "__launch_bounds__(512, 1)" in half_src.full_source()
+    small = compile_gemm(Gemm("skip_kw8", FP4_BLOCKS, skip_schedule(k_warps=8), "f16"), CUDA).kernel
     small_src = print_cuda(small, inout_inputs=gemm_inout_inputs(small))
-    assert "__launch_bounds__" not in small_src.full_source() and launch_path(small_src) == "cuda_kernel"
+    assert small.threads == 256 and "__launch_bounds__" not in small_src.full_source()
+    assert launch_path(small_src) == "cuda_kernel"
     if find_nvcc() is not None:
         res = nvcc_check([src], archs=["sm_90"], flags=NVCC_FLAGS + ("--resource-usage",),
                          cache_dir=tempfile.mkdtemp())[0]

@@ -129,6 +129,7 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.schedule*", "schedule"),
     ("marlin_dsl.pipelines*", "schedule"),  # pipeline declarations: fields, checks, warps
     ("marlin_dsl.spec", "schedule"),
+    ("marlin_dsl.epilogue", "schedule"),  # a Gemm's epilogue declaration and its float64 reference
     ("marlin_dsl.lowering*", "lowering"),
     ("marlin_dsl.passes*", "passes"),
     # the static cost model: an analysis of the IR after the passes (reads the IR, the format
@@ -140,6 +141,7 @@ STAGE_RULES: list[tuple[str, str]] = [
     ("marlin_dsl.checks.kernel_check", "emit"),
     ("marlin_dsl.checks.error_model", "emit"),  # the tolerances of kernel checks (reads compute_type)
     ("marlin_dsl.checks.gpu_output", "emit"),  # the error model for outputs the bench scripts get
+    ("marlin_dsl.checks.epilogue_check", "emit"),  # the error model carried through an epilogue
     ("marlin_dsl.layers*", "layers"),
     ("marlin_dsl.nn", "layers"),
     ("marlin_dsl.activation*", "layers"),

@@ -165,6 +165,7 @@ def every_op_kernel() -> Kernel:
         b.op("mbarrier_wait", [zero, zero], attrs={"barriers": "bars"})
         b.yield_()
     b.op("warp_roles", [], attrs={"warps": (1, 3), "regs": (0, 152)}, regions=[producer, consumer])
+    b.value("recip", [b.value("exp2", [b.const(0.5, F32)], F32)], F32)  # the epilogues' f32 functions
     return _kernel(b, "every_op", attrs={"target": "cuda",
         "format": "fp4_g128", "schedule": "db 64", "tile_m": 64, "neg": -3, "ratio": 0.1,
         "inf": float("inf"), "on": True, "off": False, "word": "true", "empty": "",

@@ -107,9 +107,10 @@ def _striped() -> md.Gemm:
 
 
 def _arch_kernel(arch: str):
-    """A GEMM kernel marked as written for `arch` (as the lead's wgmma kernels will be)."""
+    """A GEMM kernel (128 threads: no launch bounds of its own) marked as written for `arch`
+    (as the lead's wgmma kernels will be)."""
     fmt = md.builtin_format("fp4")
-    kernel = compile_gemm(Gemm("pc_fp4_marked", fmt, md.tuned_schedule(fmt, 1)), CUDA).kernel
+    kernel = compile_gemm(Gemm("pc_fp4_marked", fmt, md.tuned_schedule(fmt, 1, k=256, n=4096)), CUDA).kernel
     kernel.attrs["cuda_arch"] = arch
     return kernel
 

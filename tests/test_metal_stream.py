@@ -54,7 +54,7 @@ EXAMPLE_FORMATS = _example_formats()
 #: (tests/test_metal_stream_widths.py); the N:M formats (2:4, 4:8 of pairs), which Metal's lanes
 #: scatter themselves, in tests/test_metal_stream_sparse.py. No example format is refused now.
 STREAMED = ["fp4_g128", "uint4_zp_g128", "int4_g64", "int4_two_level_g64", "fp4_two_level_g32",
-            "int3_zp", "fp4_blocks_g128"]
+            "int3_zp", "fp4_blocks_g128", "fp4"]  # fp4: the built-in examples/fused_mlp.py uses
 REFUSED: dict[str, str] = {}
 BUILTIN = ["fp4", "int4", "uint4_zp", "nf4"]
 

@@ -92,7 +92,14 @@ def _cases() -> dict[str, list[tuple[list[ScalarType], ScalarType, dict, list[Co
     tables = [ConstTable("t", F16, (0.5, -1.0, 3.0, 65504.0)), ConstTable("t", U8, (7, 0, 255)),
               ConstTable("t", F32, (0.1, 2.0))]  # 0.1 is no f32: that table is not folded
     cases["table"] = [([U32], t.elem, {"name": "t"}, [t]) for t in tables]
+    for n in NEVER_FOLDED:
+        cases[n] = [([F32], F32, {}, [])]
     return cases
+
+
+#: Ops whose device results may differ from the interpreter's by an ulp or two (docs/IR.md):
+#: the folder leaves them to the device.
+NEVER_FOLDED = ("exp2", "recip")
 
 
 def test_every_op_with_evaluate_has_cases() -> None:
@@ -123,7 +130,10 @@ def test_folding_equals_interpreting(name: str) -> None:
             if op.name == "const":
                 folded += 1
                 assert want is not InterpreterError, f"{where}: folded an op the interpreter refuses"
-    assert folded, f"{name}: no case folded"
+    if name in NEVER_FOLDED:
+        assert not folded, f"{name}: folded"
+    else:
+        assert folded, f"{name}: no case folded"
 
 
 def test_lop3_semantics_and_c_spelling_agree_on_every_truth_table() -> None:

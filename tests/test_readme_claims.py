@@ -478,7 +478,12 @@ def test_block_skip_round() -> None:
         if c["format"] != "fp4_blockpattern":
             continue
         kernel = compile_gemm(c["gemm"], CUDA).kernel
-        assert print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel)).digest == run11["digests"][c["name"]], c["name"]
+        src = print_cuda(kernel, inout_inputs=gemm_inout_inputs(kernel))
+        # run 11 measured these kernels before 512-thread blocks carried __launch_bounds__
+        # (issue 35): the same text, without the bounds' line in the signature
+        if kernel.threads == 512:
+            assert src.attrs.pop("launch_bounds") == 512, c["name"]
+        assert src.digest == run11["digests"][c["name"]], c["name"]
     ratios: dict[str, list[float]] = {}
     for run in ("run6_block_skip", "run7_block_skip_depth"):
         rows = _load(f"{base}/{run}/block_skip.json")["rows"]

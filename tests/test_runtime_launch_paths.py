@@ -41,7 +41,11 @@ class _StandIn:
 
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    import marlin_dsl.targets.cuda.launch as cuda_launch
+
     monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: _StandIn(**kw))
+    # bounded kernels (512 threads or more) launch precompiled on a GPU: here through the stand-in
+    monkeypatch.setattr(cuda_launch, "launch_path", lambda source: "cuda_kernel")
     _StandIn.launches.clear()
     return _StandIn.launches
 

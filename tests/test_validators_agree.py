@@ -45,7 +45,7 @@ def test_the_catalogue_covers_every_storage_type_and_sign_rule() -> None:
             ("e4m3", "non_negative"), ("u8", "positive"), ("u8", "any")} <= pairs
     names = set(catalogue())
     assert {f"builtin-{n}" for n in md.BUILTIN_FORMATS} <= names
-    assert len([n for n in names if n.startswith("example-")]) == 10
+    assert len([n for n in names if n.startswith("example-")]) == 11
     assert len([n for n in names if n.startswith("mlx-affine")]) == 6 * 3 * 3
 
 

@@ -26,7 +26,6 @@ import gc
 import io
 import json
 import pstats
-import re
 import statistics
 import sys
 import time
@@ -40,29 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: model_be
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import model_bench  # noqa: E402  (the model, its variants and the decode timing are shared)
-
-
-def step_parts(model, prompt: mx.array, steps: int) -> dict[str, float]:
-    """Median ms of build / encode / wait over `steps` decode steps, one at a time."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    mx.eval(model(prompt[None], cache=cache))
-    token = prompt[-1:][None]
-    parts = collections.defaultdict(list)
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        logits = model(token, cache=cache)
-        token = mx.argmax(logits[:, -1, :], axis=-1)[:, None]
-        t1 = time.perf_counter()
-        mx.async_eval(token)
-        t2 = time.perf_counter()
-        mx.eval(token)
-        t3 = time.perf_counter()
-        parts["build"].append(t1 - t0)
-        parts["encode"].append(t2 - t1)
-        parts["wait"].append(t3 - t2)
-    return {k: statistics.median(v) * 1e3 for k, v in parts.items()}
 
 
 class GCClock:
@@ -99,21 +75,6 @@ def token_times(model, prompt: mx.array, tokens: int, clock: GCClock) -> dict:
             "median_ms": statistics.median(dts) * 1e3, "p90_ms": dts[int(0.9 * len(dts))] * 1e3,
             "max_ms": dts[-1] * 1e3, "gc_ms": {g: v * 1e3 for g, v in clock.seconds.items()},
             "gc_count": dict(clock.count)}
-
-
-def graph_counts(model, prompt: mx.array) -> dict[str, int]:
-    """Primitives of one decode step's graph by name (evaluated arrays are leaves)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    mx.eval(model(prompt[None], cache=cache))
-    logits = model(prompt[-1:][None], cache=cache)
-    token = mx.argmax(logits[:, -1, :], axis=-1)
-    buf = io.StringIO()
-    mx.export_to_dot(buf, token)
-    counts = collections.Counter(re.findall(r'label ="([^"]+)"', buf.getvalue()))
-    mx.eval(token)
-    return dict(counts.most_common())
 
 
 def build_profile(model, prompt: mx.array, steps: int = 16, top: int = 25) -> str:
@@ -156,10 +117,10 @@ def main() -> int:
         model_bench.decode_once(model, prompt, 8)  # compiles every kernel of a decode step
         if args.rounds:
             models[variant] = model
-        row = {"variant": variant, **step_parts(model, prompt, args.steps)}
+        row = {"variant": variant, **model_bench.step_parts(model, prompt, args.steps)}
         row["decode_ms"] = statistics.median(model_bench.decode_once(model, prompt, args.decode_tokens)
                                              for _ in range(3)) * 1e3
-        row["graph"] = graph_counts(model, prompt)
+        row["graph"] = model_bench.graph_counts(model, prompt)
         row["graph_nodes"] = sum(row["graph"].values())
         row["profile"] = build_profile(model, prompt)
         rows.append(row)

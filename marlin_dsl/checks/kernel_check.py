@@ -15,6 +15,8 @@ from ..ir import Kernel
 from ..ir.interpret import run_kernel
 from ..kernel_args import gemm_buffers, read_output
 from ..schedule import Gemm
+from ..machine.outputs import epilogue_inputs, out_columns
+from .epilogue_check import compare_epilogue
 from .error_model import OutputCheck, compare, kernel_weights
 from .format_check import sample_weights
 
@@ -59,6 +61,9 @@ def check_shapes(gemm: Gemm) -> list[tuple[int, int, int]]:
     if gemm.outputs:  # N is the parts' widths together
         n = sum(gemm.outputs)
         return [(1, n, k), (3, n, k), (65, n, k)]
+    if gemm.epilogue is not None and gemm.epilogue.gate is not None:  # whole (gate, up) runs
+        n, wide = s.tile_n + 16, -(-128 // s.tile_n) * s.tile_n + 48
+        return [(1, n, k), (3, n, k), (65, wide, k)]
     n = s.tile_n + 17
     wide = -(-128 // s.tile_n) * s.tile_n + 17
     return [(1, n, k), (3, n, k), (65, wide, k)]
@@ -78,8 +83,30 @@ def check_kernel(gemm: Gemm, kernel: Kernel, shape: tuple[int, int, int], rng: n
     fmt = gemm.format
     packed = pack(fmt, sample_weights(fmt, k, n, rng))
     x = rng.standard_normal((m, k))
+    if gemm.epilogue is not None:
+        return _check_epilogue(gemm, kernel, packed, x, rng, execute)
     buffers, scalars = gemm_buffers(kernel, packed, x)
     out = execute(kernel, buffers, scalars)
     y = read_output(out, m, n).astype(np.float64)
     res = check_output(gemm, y, buffers["x"].astype(np.float64).reshape(m, k), packed)
     return KernelCheck(shape, res.rel_error, res.tolerance, res.untouched, res)
+
+
+def _check_epilogue(gemm: Gemm, kernel: Kernel, packed: PackedWeights, x: np.ndarray, rng: np.random.Generator,
+                    execute: Executor) -> KernelCheck:
+    """check_kernel for a Gemm with an epilogue: a bias and a residual of the product's scale
+    (fresh random), the output against the float64 composition (`checks/epilogue_check.py`)."""
+    steps = gemm.epilogue.steps  # type: ignore[union-attr]
+    (k, n), m = packed.shape, x.shape[0]
+    w = dequantize(packed)
+    scale = float(np.sqrt(np.mean(np.square(x @ w)))) or 1.0
+    n_out = out_columns(steps, n)
+    arrays = {"bias": 0.5 * scale * rng.standard_normal(n), "residual": scale * rng.standard_normal((m, n_out))}
+    buffers, scalars = gemm_buffers(kernel, packed, x, {a: arrays[a] for a in epilogue_inputs(steps)})
+    out = execute(kernel, buffers, scalars)
+    y = read_output(out, m, n_out).astype(np.float64)
+    read = {a: buffers[a].astype(np.float64) for a in epilogue_inputs(steps)}
+    res = compare_epilogue(y, steps, buffers["x"].astype(np.float64).reshape(m, k), w, gemm.activation,
+                           kernel_weights(packed, gemm.activation), read.get("bias"),
+                           read["residual"].reshape(m, n_out) if "residual" in read else None)
+    return KernelCheck((m, n, k), res.rel_error, res.tolerance, res.untouched, res)

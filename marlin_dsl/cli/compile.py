@@ -85,7 +85,9 @@ thr: threads per threadgroup; tgmem: threadgroup (shared) memory bytes. interp: 
   every check of the error model (marlin_dsl/checks/error_model.py): the error within 1.5x
   (plus a sampling allowance) of what rounding to the activation type predicts (~3e-4 f16,
   ~2.4e-3 bf16), no bias (the slope of y on y_ref within 6 sigma of what the decode's own
-  roundings give) and no element off by more than 5% of the rms.
+  roundings give) and no element off by more than 5% of the rms. A Gemm with an epilogue:
+  against the float64 composition (bias, silu(gate) * up, + residual) with the model's errors
+  carried through it (checks/epilogue_check.py; no slope check), N whole gate/up runs.
   unchecked: --no-check, the kernels were not run."""
 
 

@@ -22,7 +22,7 @@ CLASSES: tuple[str, ...] = ("int", "float", "cvt", "ld.dev", "ld.shared", "ld.co
 #: Ops that cost nothing in the printed kernel (see the module docstring).
 FREE_OPS = frozenset({"const", "bitcast", "yield"})
 
-_ARITH = frozenset({"add", "sub", "mul", "min", "max", "div", "rem", "fma"})
+_ARITH = frozenset({"add", "sub", "mul", "min", "max", "div", "rem", "fma", "exp2", "recip"})
 _BITS = frozenset({"and", "or", "xor", "shl", "shr", "lop3"})
 _COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
 _SYNC = frozenset({"barrier", "fence", "async_commit", "async_wait", "wgmma_fence",

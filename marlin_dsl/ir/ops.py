@@ -16,7 +16,7 @@ from .core import BufferParam, Kernel, Op, SharedArray
 from .tensor_rules import (_async_copy, _async_wait, _frag_build, _frag_elems, _frag_load, _frag_store,
                            _frag_zero, _mma, _mma_sp, _shfl_xor, _vstore, _wgmma, _wgmma_fence, _wgmma_wait)
 from .sync_rules import _mbarrier, _warp_roles
-from .types import BOOL, U8, U16, U32, ScalarType, Type, VectorType
+from .types import BOOL, F32, U8, U16, U32, ScalarType, Type, VectorType
 
 TypeRule = Callable[[Op, Kernel], str | None]  # returns an error message or None
 
@@ -128,6 +128,12 @@ def _convert(op: Op, _: Kernel) -> str | None:
     if op.name == "bitcast" and src.bits != dst.bits:
         return f"bitcast between different widths {src} -> {dst}"
     return None
+
+
+def _f32_unary(op: Op, k: Kernel) -> str | None:
+    if op.operands[0].type != F32:
+        return f"{op.name} takes and gives f32, got {op.operands[0].type}"
+    return _same(op, k)
 
 
 def _lop3(op: Op, _: Kernel) -> str | None:
@@ -309,6 +315,10 @@ _define(
       for n in ("div", "rem", "and", "or", "xor", "shl", "shr")),
     OpDef("fma", (3, 3), results=(1, 1), rule=_float_same, pipe="alu", evaluate=semantics.fma,
           doc="a * b + c"),
+    *(OpDef(n, (1, 1), results=(1, 1), rule=_f32_unary, pipe="alu", evaluate=semantics.transcendental,
+            doc=doc)
+      for n, doc in (("exp2", "2 ** a (f32; within 2 ulp on a device, docs/IR.md)"),
+                     ("recip", "1 / a (f32; within 1 ulp on a device, docs/IR.md)"))),
     OpDef("lop3", (3, 3), ("lut",), results=(1, 1), rule=_lop3, pipe="alu", evaluate=semantics.lop3,
           doc="any bitwise function of three u32 operands by its truth table: result bit i is bit "
               "(4 a_i + 2 b_i + c_i) of lut (PTX's lop3 convention; (a & b) | c is 0xEA)"),

@@ -146,6 +146,26 @@ def fma(sig: Signature) -> Evaluator:
     return lambda a, b, c: (_round_f64(_fma_odd64(a, b, c), elem), [])
 
 
+#: The f32 functions the epilogues compute (exp2, recip), in float64, rounded once to f32.
+_TRANSCENDENTAL = {"exp2": np.exp2, "recip": np.reciprocal}
+
+
+def transcendental(sig: Signature) -> Evaluator:
+    """exp2 and recip: the interpreter rounds the float64 result once to f32 (correct rounding
+    but for double rounding). A device's `exp2f` / Metal's fast-math reciprocal may differ by an
+    ulp or two, so the folder (strict) leaves them alone: folding would bake the interpreter's
+    rounding into a kernel whose other lanes get the device's."""
+    f = _TRANSCENDENTAL[sig.name]
+
+    def run(a: np.ndarray) -> tuple[np.ndarray, list[Fault]]:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            out = f(a.astype(np.float64)).astype(np.float32)
+        faults = [_open(np.ones(np.shape(a), bool), f"{sig.name} is not folded (device rounding)")] \
+            if sig.strict else []
+        return out, faults
+    return run
+
+
 def lop3(sig: Signature) -> Evaluator:
     """A bitwise function of three operands by its truth table: bit i of the result is bit
     (4 a_i + 2 b_i + c_i) of `lut` (the OR of the minterms lut selects)."""

@@ -14,11 +14,14 @@ target's layout.
       "formats": ["format fp4 {\\n  element float(...)\\n ...}\\n", ...],   # textual form
       "layers": {"model.layers.0.mlp.down_proj": {"format": 0, "bias": false,
                                                    "dtype": "float32"}, ...},
-      "fused": {"model.layers.0.mlp": [["gate_proj", "up_proj"]], ...}
+      "fused": {"model.layers.0.mlp": [["gate_proj", "up_proj"]], ...},
+      "fused_blocks": ["model.layers.0.mlp", ...]      # optional (models/fused_block.py)
     }
 
 "dtype" (optional) is the layer's `source_dtype`: what the layer it replaced computed in. A
 fused group (models/fuse.py) is one layer, listed at `<parent>.<part>__<part>.layer`.
+"fused_blocks" lists the MLPs whose epilogues run in the kernels (models/fused_block.py); their
+gate/up weights are written side by side like any fused group and interleaved again on load.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from ..errors import MarlinDSLError
@@ -39,6 +43,7 @@ from ..layers.arguments import dtype_name
 from ..nn import MarlinLinear
 from .destination import new_directory
 from .fuse import FusedLinear, fused_name
+from .fused_block import fused_mlps
 from .shards import INDEX
 
 SECTION = "marlin_dsl"
@@ -74,8 +79,9 @@ def marlin_section(model: nn.Module) -> dict[str, Any]:
         elif isinstance(module, FusedLinear):
             parent, _, name = path.rpartition(".")
             fused.setdefault(parent, []).append(name.split("__"))
+    blocks = fused_mlps(model)
     return {"version": __version__, "formats": texts, "layers": dict(sorted(layers.items())),
-            "fused": dict(sorted(fused.items()))}
+            "fused": dict(sorted(fused.items())), **({"fused_blocks": blocks} if blocks else {})}
 
 
 def portable_weights(model: nn.Module) -> dict[str, mx.array]:
@@ -85,6 +91,14 @@ def portable_weights(model: nn.Module) -> dict[str, mx.array]:
         if isinstance(module, MarlinLinear):
             for name, array in module.linear_arrays().items():
                 weights[f"{path}.{name}" if path else name] = array
+    for path, module in model.named_modules():  # interleaved gate/up pairs: side by side again
+        order = module.portable_order() if isinstance(module, FusedLinear) else None
+        if order is not None:
+            index = mx.array(order.astype(np.uint32))
+            prefix = f"{path}.layer." if path else "layer."
+            for name in [*module.layer._weight_names, "bias"]:
+                if prefix + name in weights:
+                    weights[prefix + name] = mx.take(weights[prefix + name], index, axis=-1)
     return weights
 
 

@@ -30,6 +30,7 @@ from ..layers.arguments import promoted
 from ..layers.source_errors import SourcePart
 from ..nn import Backend, MarlinLinear
 from .fuse import DEFAULT_GROUPS, FusedLinear
+from .fused_block import fuse_blocks
 from .progress import Progress
 from .rules import EXACT, FormatChoice, Resolver, by_default, check_rules_match, chooser
 
@@ -47,6 +48,8 @@ class Conversion:
     skipped: dict[str, str]  # path -> why a linear layer was left as it is
     seconds: float
     fused: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)
+    #: MLPs whose activation (and block residual) run in the kernels' epilogues
+    fused_blocks: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         """Converted layers by format name."""
@@ -126,7 +129,7 @@ def _convert_one(path: str, module: nn.Module, fmt: Format | str, backend: Backe
 
 def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: GroupSize | None = None,
             backend: Backend = "auto", progress: TextIO | None = None,
-            fuse: Sequence[Sequence[str]] = DEFAULT_GROUPS) -> Conversion:
+            fuse: Sequence[Sequence[str]] = DEFAULT_GROUPS, blocks: bool = True) -> Conversion:
     """Replace the model's nn.Linear / nn.QuantizedLinear leaves by MarlinLinear in place.
 
     A layer is converted when its choice is a format (see the module docstring); a rule whose
@@ -138,8 +141,10 @@ def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: Group
     in one of the `fuse` groups (default: q/k/v and gate/up projections) that get the same
     format and read inputs of the same size become one fused layer (models/fuse.py);
     `fuse=()` turns that off. `progress` (e.g. sys.stderr) receives a bar (a terminal) or a
-    line per layer (anything else). Errors name the source tensor (`<path>.weight`) and the
-    index in its own shape, or the layer."""
+    line per layer (anything else). `blocks`: mlx-lm MLPs and decoder blocks that qualify run
+    their activation and residual add in the kernels' epilogues (models/fused_block.py;
+    `Conversion.fused_blocks` lists them). Errors name the source tensor (`<path>.weight`) and
+    the index in its own shape, or the layer."""
     layers = [(path, m) for path, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
               if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
     check_rules_match(format, [path for path, _ in layers])
@@ -187,7 +192,8 @@ def convert(model: nn.Module, format: FormatChoice = "fp4", *, group_size: Group
             steps.step(path, new.format.name)
     finally:
         steps.close()  # an error starts on a line of its own
-    return Conversion(formats, skipped, time.perf_counter() - start, fused)
+    blocks_fused = fuse_blocks(model) if blocks else []
+    return Conversion(formats, skipped, time.perf_counter() - start, fused, blocks_fused)
 
 
 def _module(model: nn.Module, path: str) -> nn.Module:

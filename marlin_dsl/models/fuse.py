@@ -21,8 +21,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from ..errors import MarlinDSLError
+from ..epilogue import gate_interleave
+from ..errors import MarlinDSLError, ShapeError
+from ..formats import BlockPatternSparsity, PackedWeights
+from ..layers.epilogue_dispatch import deinterleave
+from ..machine.outputs import GATE_ROWS
 from ..nn import MarlinLinear
 
 #: Groups fused by default (mlx-lm's names for the attention inputs and the gated MLP).
@@ -56,13 +61,59 @@ class FusedLinear(nn.Module):
     def sizes(self) -> tuple[int, ...]:
         return tuple(b - a for a, b in self._bounds)
 
+    @property
+    def interleaved(self) -> bool:
+        """Whether the layer holds a gate/up pair with its columns interleaved in runs of 8
+        (`interleave_gate_up`), as a gated epilogue reads them."""
+        return getattr(self, "_interleaved", False)
+
+    def interleave_gate_up(self, now: bool = True) -> None:
+        """Hold a (gate, up) pair's fused weight with its columns alternating in runs of 8
+        (`epilogue.gate_interleave`): what a kernel with a gated epilogue reads. Quantisation is
+        per column, so no value changes, and the parts' outputs stay what they were
+        (de-interleaved by `compute`). Weights loaded into the layer later (in the portable,
+        side-by-side order that `checkpoint.portable_weights` writes) are interleaved again
+        before their first use (`ensure_layout`). ShapeError where the parts differ in size or
+        are not whole runs, or the format's arrays do not all hold the N columns on their last
+        axis (block patterns). `now` False: at the first call (weights still to be loaded)."""
+        sizes = self.sizes
+        if len(sizes) != 2 or sizes[0] != sizes[1] or sizes[0] % GATE_ROWS:
+            raise ShapeError(f"FusedLinear: a gate/up pair needs two parts of the same multiple of "
+                             f"{GATE_ROWS} columns, got {list(sizes)}")
+        if isinstance(self.layer.format.sparsity, BlockPatternSparsity):
+            raise ShapeError(f"FusedLinear ({self.layer.format.name}): its block patterns span several "
+                             "columns; columns cannot be reordered one by one")
+        object.__setattr__(self, "_wants_interleave", True)
+        if now:
+            self.ensure_layout()
+
+    def ensure_layout(self) -> None:
+        """Interleave the layer's columns where that was asked and its arrays are side by side
+        (never interleaved, or replaced since: `MarlinLinear` marks replaced arrays stale)."""
+        if not getattr(self, "_wants_interleave", False):
+            return
+        if self.interleaved and not self.layer._stale:
+            return
+        self["layer"] = permuted_columns(self.layer, gate_interleave(self.sizes[0]))
+        object.__setattr__(self, "_interleaved", True)
+        memo = self._memo
+        memo[0] = memo[1] = None
+
+    def portable_order(self) -> np.ndarray | None:
+        """The column order that puts the held layer's columns back side by side (the parts in
+        turn), or None where they already are."""
+        return np.argsort(gate_interleave(self.sizes[0])) if self.interleaved else None
+
     def compute(self, x: mx.array) -> list[mx.array]:
         """Every part's output for x, remembered for the parts until each has taken its own
         (`LinearSlice.__call__`): one launch whose kernel writes the parts where it can (the
         decode: a split costs about as much host time as the launch), else one launch and
         one `mx.split` (MarlinLinear.split_outputs)."""
-        # The layer's per-call closure directly: MarlinLinear.call_parts is only its wrapper.
-        outs = self["layer"]._parts_call(x)
+        if getattr(self, "_wants_interleave", False):  # one y, its gate and up runs taken apart
+            self.ensure_layout()
+            outs = list(deinterleave(self["layer"](x)))
+        else:  # the layer's per-call closure directly: MarlinLinear.call_parts is only its wrapper.
+            outs = self["layer"]._parts_call(x)
         memo = self._memo
         memo[0], memo[1], memo[2] = x, outs, len(self._bounds)
         return outs
@@ -110,6 +161,25 @@ class LinearSlice(nn.Module):
         return f"columns {a}..{b - 1} of a fused {self._fused.layer.format.name} layer"
 
 
+def permuted_columns(layer: MarlinLinear, order: np.ndarray) -> MarlinLinear:
+    """A new layer whose column i is `layer`'s column order[i] (the linear layout's arrays and
+    the bias taken in that order; the same format, backend and source dtype)."""
+    n = layer.output_dims
+    index = mx.array(order.astype(np.uint32))
+    arrays = {}
+    for name, a in layer.linear_arrays().items():
+        if a.ndim != 2 or a.shape[-1] != n:
+            raise ShapeError(f"layer ({layer.format.name}): array {name!r} of shape {list(a.shape)} does "
+                             f"not hold the {n} columns on its last axis")
+        arrays[name] = mx.contiguous(mx.take(a, index, axis=1))  # row-major (the gather gives column-major)
+    bias = layer.get("bias")
+    new = MarlinLinear.from_packed(PackedWeights(layer.format, (layer.input_dims, n), arrays),
+                                   None if bias is None else mx.contiguous(mx.take(bias, index)), backend=layer.backend)
+    new.source_dtype = layer.source_dtype
+    mx.eval(new.parameters())
+    return new
+
+
 def install(parent: nn.Module, parts: tuple[str, ...], fused: FusedLinear) -> None:
     """Put `fused` into `parent` at its fused name and the parts' slices in their places."""
     parent[fused_name(parts)] = fused
@@ -117,4 +187,4 @@ def install(parent: nn.Module, parts: tuple[str, ...], fused: FusedLinear) -> No
         parent[name] = LinearSlice(fused, i)
 
 
-__all__ = ["DEFAULT_GROUPS", "FusedLinear", "LinearSlice", "fused_name", "install"]
+__all__ = ["DEFAULT_GROUPS", "FusedLinear", "LinearSlice", "fused_name", "install", "permuted_columns"]

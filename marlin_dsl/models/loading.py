@@ -21,7 +21,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..errors import MarlinDSLError
 from ..formats import Format
 from ..nn import Backend, MarlinLinear
-from .checkpoint import CONFIG, read_section
+from .checkpoint import CONFIG, SECTION, read_section
+from .fused_block import fuse_blocks
 from .fuse import FusedLinear, fused_name, install
 from .mlx_lm_env import require_mlx_lm
 from .shards import shard_files, tensor_files
@@ -144,7 +145,10 @@ def load_into(model: nn.Module, path: str | Path, backend: Backend = "auto") -> 
         raise
     except ValueError as err:
         raise MarlinDSLError(f"{directory}: its weights do not fit the model: {err}") from None
-    return prepare_layers(model, shard_of)
+    prepare_layers(model, shard_of)
+    if config[SECTION].get("fused_blocks"):
+        fuse_blocks(model)
+    return model
 
 
 def mlx_lm_classes(config: dict[str, Any], backend: Backend = "auto") -> Callable[[dict], tuple]:
@@ -186,6 +190,8 @@ def load(path: str | Path, backend: Backend = "auto", lazy: bool = False) -> tup
                              f"{type(err).__name__}: {err}") from None
     config.pop("model_file", None)
     prepare_layers(model, shard_of)
+    if config[SECTION].get("fused_blocks"):
+        fuse_blocks(model)
     if not lazy:
         mx.eval(model.parameters())
     return model, config

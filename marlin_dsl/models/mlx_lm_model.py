@@ -15,7 +15,8 @@ from typing import Any
 
 import mlx.nn as nn
 
-from .checkpoint import CONFIG, read_section
+from .checkpoint import CONFIG, SECTION, read_section
+from .fused_block import fuse_blocks
 from .loading import install_placeholders, prepare_layers
 
 
@@ -54,7 +55,10 @@ def Model(args: ModelArgs) -> nn.Module:  # noqa: N802  (mlx-lm calls it as its 
     formats, layers, fused = read_section(config, CONFIG)
     model_class, args_class = _get_classes(config)
     model = _with_prepare(model_class)(args_class.from_dict(config))
-    return install_placeholders(model, formats, layers, fused)
+    install_placeholders(model, formats, layers, fused)
+    if config[SECTION].get("fused_blocks"):  # interleaved on the first call, after load_weights
+        fuse_blocks(model, interleave_now=False)
+    return model
 
 
 __all__ = ["Model", "ModelArgs"]

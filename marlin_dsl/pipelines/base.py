@@ -58,6 +58,12 @@ def splits_outputs(pipeline: object) -> bool:
     return bool(getattr(pipeline, "splits_outputs", False))
 
 
+def applies_epilogue(pipeline: object) -> bool:
+    """Whether the pipeline's epilogue applies a Gemm's `Epilogue` (bias, gate, residual): its
+    class says so with `applies_epilogue = True`."""
+    return bool(getattr(pipeline, "applies_epilogue", False))
+
+
 #: kind -> pipeline class; filled by `register_pipeline` when `marlin_dsl.pipelines` is imported.
 PIPELINES: dict[str, type] = {}
 
@@ -91,4 +97,4 @@ def require_positive(schedule: ScheduleShape, kind: str, pipeline: object, attrs
 
 
 __all__ = ["PIPELINES", "Pipeline", "ScheduleShape", "is_positive_int", "register_pipeline", "require_positive",
-           "splits_outputs"]
+           "splits_outputs", "applies_epilogue"]

@@ -118,6 +118,8 @@ class WeightStream:
     kind: Literal["weight_stream"] = "weight_stream"
     #: Its epilogue writes Y's columns as several outputs (`Gemm.outputs`; KWarpReduce).
     splits_outputs: ClassVar[bool] = True
+    #: Its epilogue applies a Gemm's `Epilogue` (KWarpReduce: the whole tile is in shared memory).
+    applies_epilogue: ClassVar[bool] = True
 
     def validate(self, schedule: ScheduleShape) -> None:
         require_positive(schedule, "weight_stream", self, ("k_warps", "depth", "unroll"))

@@ -175,6 +175,13 @@ class TargetRuntime(Protocol):
         block-skipping kernels (measured on the target); 0 where it has none."""
         ...
 
+    def layer_epilogue(self, fmt: Any, activation: str, m: int, k: int, n: int,
+                       steps: tuple[str, ...]) -> LayerKernel | None:
+        """`layer_kernel`'s kernel for m rows with the epilogue `steps` (marlin_dsl/epilogue.py)
+        where that kernel's pipeline applies epilogues, else None (the layer composes the
+        epilogue after the plain kernel)."""
+        ...
+
     def layer_kernel(self, fmt: Any, activation: str, m: int, k: int, n: int,
                      outputs: tuple[int, ...] = (), skip: bool = False) -> LayerKernel:
         """The layer's kernel for m rows; with `outputs` (part widths adding up to n) it may

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ...ir import F32, U32, Value, VectorType
+from ...machine.outputs import GATE_ROWS, GATES
 from .context import GemmParts, Tile
+from .epilogue_steps import EpilogueSteps
 
 
 class SharedTileEpilogue(GemmParts):
@@ -74,8 +76,9 @@ class SharedTileEpilogue(GemmParts):
         self.guarded(is_first, lambda: b.store("counters", tile_id, self.c(0)))
 
 
-class KWarpReduce(GemmParts):
-    """The weight stream's epilogue (needs `m0`, `nsub`, `msub` of the stream setup)."""
+class KWarpReduce(EpilogueSteps):
+    """The weight stream's epilogue (needs `m0`, `nsub`, `msub` of the stream setup); it
+    applies the Gemm's `Epilogue` (bias, gate, residual) on the reduced sums."""
 
     def reduce_and_store(self, accs: list[Value], wk: Value, wn: Value, factor: float = 1.0) -> None:
         """Every warp's partial tiles through shared memory, added, times `factor` (a power of
@@ -94,10 +97,8 @@ class KWarpReduce(GemmParts):
         tid = b.index("tid")
         k_warps = self.pipeline.k_warps  # type: ignore[union-attr]
 
-        def body(i: Value) -> None:
-            e = self.op2("add", self.op2("mul", i, self.threads, hint="e"), tid, hint="e")
-            r, col = self.op2("rem", e, s.tile_n, hint="r"), self.op2("div", e, s.tile_n, hint="c")
-            inside = None if tile % self.threads == 0 else self.op2("lt", e, tile, hint="p")
+        def reduced(r: Value, col: Value, inside: Value | None) -> Value:
+            """Tile element (N row r, M column col) summed over the K warps, times `factor`."""
             src = self.op2("add", self.op2("mul", r, s.tile_m, hint="si"), col, hint="si")
             total = None
             for w in range(k_warps):
@@ -106,10 +107,73 @@ class KWarpReduce(GemmParts):
                 total = part if total is None else self.op2("add", total, part, hint="sum")
             if factor != 1.0:
                 total = self.op2("mul", total, b.const(factor, F32), hint="sum")  # type: ignore[arg-type]
+            return total  # type: ignore[return-value]
+
+        gate = next((st for st in self.epilogue_steps if st in GATES), None)
+        if gate is not None:
+            self.store_gated(gate, reduced, n0, tid)
+            return
+
+        def body(i: Value) -> None:
+            e = self.op2("add", self.op2("mul", i, self.threads, hint="e"), tid, hint="e")
+            r, col = self.op2("rem", e, s.tile_n, hint="r"), self.op2("div", e, s.tile_n, hint="c")
+            inside = None if tile % self.threads == 0 else self.op2("lt", e, tile, hint="p")
+            total = reduced(r, col, inside)
             gm, gn = self.op2("add", self.m0, col, hint="ym"), self.op2("add", n0, r, hint="yn")
-            self.store_columns(gm, gn, total, inside)  # type: ignore[arg-type]
+            if self.epilogue_steps:
+                self.store_epilogue(gm, gn, total, inside)
+            else:
+                self.store_columns(gm, gn, total, inside)
 
         self.counted_loop(-(-tile // self.threads), body, hint="ie")
+
+    def store_epilogue(self, gm: Value, gn: Value, total: Value, inside: Value | None) -> None:
+        """Y[gm, gn] = total + bias[gn] + residual[gm, gn] (the steps the epilogue has),
+        rounded once, where gm < M, gn < N and `inside`."""
+        b, steps = self.b, self.epilogue_steps
+        ok = self.op2("and", self.op2("lt", gm, self.M, hint="p"), self.op2("lt", gn, self.N, hint="p"), hint="p")
+        if inside is not None:
+            ok = self.op2("and", ok, inside, hint="p")
+        at = self.op2("add", self.op2("mul", gm, self.N, hint="yi"), gn, hint="yi")
+        if "bias" in steps:
+            total = self.add_bias(total, gn, ok)
+        if "residual" in steps:
+            total = self.add_residual(total, at, ok)
+        b.store("y", at, b.cast(total, self.act, hint="yv"), ok)
+
+    def store_gated(self, gate: str, reduced, n0: Value, tid: Value) -> None:
+        """Y[gm, j] = act(G + bias) * (U + bias) (+ residual[gm, j]), rounded once: output j of
+        the tile pairs its rows r_g = 16 (j // 8) + j % 8 (gate) and r_g + 8 (up); Y has N / 2
+        columns (marlin_dsl/epilogue.py)."""
+        b, s, steps = self.b, self.s, self.epilogue_steps
+        half_n = s.tile_n // 2
+        half = half_n * s.tile_m
+        n_out = self.op2("shr", self.N, 1, hint="no")
+
+        def body(i: Value) -> None:
+            e = self.op2("add", self.op2("mul", i, self.threads, hint="e"), tid, hint="e")
+            r_out, col = self.op2("rem", e, half_n, hint="r"), self.op2("div", e, half_n, hint="c")
+            inside = None if half % self.threads == 0 else self.op2("lt", e, half, hint="p")
+            r_g = self.op2("add", r_out, self.op2("mul", self.op2("div", r_out, GATE_ROWS, hint="r"), GATE_ROWS,
+                                                  hint="r"), hint="r")
+            r_u = self.op2("add", r_g, GATE_ROWS, hint="r")
+            g, u = reduced(r_g, col, inside), reduced(r_u, col, inside)
+            gm = self.op2("add", self.m0, col, hint="ym")
+            j = self.op2("add", self.op2("shr", n0, 1, hint="yn"), r_out, hint="yn")
+            ok = self.op2("and", self.op2("lt", gm, self.M, hint="p"), self.op2("lt", j, n_out, hint="p"), hint="p")
+            if inside is not None:
+                ok = self.op2("and", ok, inside, hint="p")
+            if "bias" in steps:
+                gn = self.op2("add", n0, r_g, hint="yn")
+                g = self.add_bias(g, gn, ok)
+                u = self.add_bias(u, self.op2("add", gn, GATE_ROWS, hint="yn"), ok)
+            v = self.op2("mul", self.activate(gate, g), u, hint="ep")
+            at = self.op2("add", self.op2("mul", gm, n_out, hint="yi"), j, hint="yi")
+            if "residual" in steps:
+                v = self.add_residual(v, at, ok)
+            b.store("y", at, b.cast(v, self.act, hint="yv"), ok)
+
+        self.counted_loop(-(-half // self.threads), body, hint="ie")
 
     def store_columns(self, gm: Value, gn: Value, total: Value, inside: Value | None) -> None:
         """Y[gm, gn] = total (rounded to the activation type) where gm < M, gn < N and

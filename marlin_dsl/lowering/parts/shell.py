@@ -9,7 +9,7 @@ from ...ir.core import AttrValue
 from ...ir import BufferParam, Builder, ConstTable, GridDim, Kernel, ScalarParam, SharedArray, verify
 from ...formats import BlockPatternSparsity, NMSparsity
 from ...ir import F32, U32, ScalarType
-from ...machine.outputs import output_names
+from ...machine.outputs import epilogue_inputs, output_names
 from ...machine.target import Target
 from ..group_params import GroupParams
 from .context import GemmContext
@@ -49,13 +49,15 @@ def gemm_kernel(ctx: GemmContext, *, buffers: Sequence[BufferParam], shared: Seq
                "pipeline": ctx.pipeline.kind, "activation": ctx.act.name,
                "tile": (s.tile_m, s.tile_n, s.tile_k), "warps": (s.warps_m, s.warps_n),
                "mma": tuple(t.mma), **({"outputs": tuple(ctx.gemm.outputs)} if ctx.gemm.outputs else {}),
+               **({"epilogue": ctx.gemm.epilogue.steps} if ctx.gemm.epilogue is not None else {}),
                **(attrs or {})},
         who=f"gemm {ctx.gemm.name!r}: schedule {s.name!r}", memory=memory, where=s.location)
 
 
 def gemm_buffers(ctx: GemmContext, extra: Sequence[BufferParam] = ()) -> list[BufferParam]:
     """A Gemm kernel's buffers: x, the packed weight and what its format reads (group
-    parameters, sparse metadata, block patterns), the pipeline's `extra`, then y."""
+    parameters, sparse metadata, block patterns), the pipeline's `extra`, the epilogue's
+    inputs (bias, residual: `machine.outputs.epilogue_inputs`), then y."""
     fmt, act = ctx.fmt, ctx.act
     bufs = [BufferParam("x", act, "read"), BufferParam("qweight", U32, "read"),
             *GroupParams(ctx.b, fmt, act).buffers()]
@@ -64,6 +66,8 @@ def gemm_buffers(ctx: GemmContext, extra: Sequence[BufferParam] = ()) -> list[Bu
     if isinstance(fmt.sparsity, BlockPatternSparsity):
         bufs.append(BufferParam("patterns", ScalarType("u8"), "read"))
     bufs += extra
+    steps = ctx.gemm.epilogue.steps if ctx.gemm.epilogue is not None else ()
+    bufs += [BufferParam(name, act, "read") for name in epilogue_inputs(steps)]
     bufs += [BufferParam(name, act, "write") for name in output_names(ctx.gemm.outputs)]
     return bufs
 

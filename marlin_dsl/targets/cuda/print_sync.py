@@ -37,7 +37,7 @@ def role_registers(k: Kernel) -> tuple[int, ...] | None:
     return None
 
 
-#: blocks above this many threads are printed with `__launch_bounds__` (`launch_bounds`)
+#: blocks of this many threads or more are printed with `__launch_bounds__` (`launch_bounds`)
 BOUNDED_THREADS = 512
 
 
@@ -45,12 +45,15 @@ def launch_bounds(k: Kernel) -> int | None:
     """The `__launch_bounds__` thread count the kernel is printed with (None: none): a kernel
     with warp roles, so that ptxas keeps every role within the block's share of registers
     (without it ptxas gave a 384-thread warpgroup kernel 196 registers, which cannot launch),
-    and a block of more than BOUNDED_THREADS threads, whose share is 64 to 85 registers a
+    and a block of BOUNDED_THREADS threads or more, whose share is 64 to 128 registers a
     thread: a 1024-thread weight stream compiled to 70 registers and did not launch on the
-    H200 (bench/results/issue33_h200_2026-11-28/run5b_kv_ahead). Such kernels launch through
-    the precompiled path (`launch_precompiled.launch_path`), where the signature is ours."""
+    H200 (bench/results/issue33_h200_2026-11-28/run5b_kv_ahead), and a 512-thread one (2:4,
+    bf16, M = 16, with a residual epilogue) to 132: it did not launch either, and MLX said
+    nothing; its output was zeros (bench/results/issue35_h200_2026-11-29, run 2). Such kernels
+    launch through the precompiled path (`launch_precompiled.launch_path`), where the signature
+    is ours."""
     roles = any(op.name == "warp_roles" for op in k.body.ops)
-    return k.threads if roles or k.threads > BOUNDED_THREADS else None
+    return k.threads if roles or k.threads >= BOUNDED_THREADS else None
 
 
 class SyncEmitters:

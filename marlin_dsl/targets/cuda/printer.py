@@ -257,6 +257,12 @@ class _Printer(MmaEmitters, WgmmaEmitters, SyncEmitters, CPrinter):
         expr = f"__fmaf_rn({ops[0]}, {ops[1]}, {ops[2]})" if t == F32 else f"__hfma({ops[0]}, {ops[1]}, {ops[2]})"
         self.declare(depth, op.result, expr)
 
+    def op_transcendental(self, op: Op, depth: int) -> None:
+        """exp2 and recip of an f32: exp2f (2 ulp), and the IEEE division (correctly rounded
+        without fast math, which our builds do not ask for)."""
+        a = self.refs(op)[0]
+        self.declare(depth, op.result, f"exp2f({a})" if op.name == "exp2" else f"(1.0f / {a})")
+
     def op_bitcast(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         if is_pair(op.result.type) or is_pair(op.operands[0].type):
@@ -383,7 +389,7 @@ class _Printer(MmaEmitters, WgmmaEmitters, SyncEmitters, CPrinter):
         **dict.fromkeys(("add", "sub", "mul", "min", "max", "div", "rem", "and", "or", "xor", "shl", "shr"),
                         op_arith),
         "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast, "lop3": op_lop3,
-        "vec": op_vec, "extract": op_extract, "frag_build": MmaEmitters.op_frag_build,
+        "exp2": op_transcendental, "recip": op_transcendental, "vec": op_vec, "extract": op_extract, "frag_build": MmaEmitters.op_frag_build,
         "load": op_load, "vload": op_vload, "store": op_store, "vstore": op_vstore, "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         **MMA_EMITTERS,
@@ -465,7 +471,8 @@ class _Printer(MmaEmitters, WgmmaEmitters, SyncEmitters, CPrinter):
         elems = {b.name: b.elem.name for b in k.buffers}
         elems[DIMS_NAME] = "u32"
         attrs = {key: k.attrs[key] for key in ("target", "format", "schedule", "pipeline", "activation",
-                                               "tile", "warps", "mma", "parallel", "k_warps", "weight_layout", "cuda_arch")
+                                               "tile", "warps", "mma", "parallel", "k_warps", "weight_layout", "cuda_arch",
+                                               "outputs", "epilogue")  # the launchers size y by these
                  if key in k.attrs}
         bounds = launch_bounds(k)
         if any(op.name in WGMMA_OPS for op in k.walk()) or role_registers(k) is not None:

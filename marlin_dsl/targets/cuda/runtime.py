@@ -26,6 +26,8 @@ from ...ir.text import print_kernel
 from ...layouts.weight_stream import LAYOUT_NAME, stream_layout
 from ...machine.cuda import CUDA
 from ...machine.target import Target
+from ...epilogue import Epilogue
+from ...pipelines import applies_epilogue
 from ...schedule import Gemm, Schedule, default_schedule, written_outputs
 from ..base import LayerKernel, Shipped
 from .cpu_harness import CompiledCudaCPU, CudaCPUError, compile_cuda_cpu, find_compiler, refuse_unsupported
@@ -60,12 +62,15 @@ def device_has_warpgroup() -> bool:
 
 @lru_cache(maxsize=None)
 def cuda_gemm(fmt: Format, activation: str, schedule: Schedule | None = None,
-              outputs: tuple[int, ...] = ()) -> CudaGemm:
+              outputs: tuple[int, ...] = (), epilogue: tuple[str, ...] = ()) -> CudaGemm:
     """The compiled kernel of (format, activation, schedule), Y's columns as parts of
-    `outputs` widths where given (`Gemm.outputs`); cached."""
+    `outputs` widths where given (`Gemm.outputs`), with the epilogue of `epilogue` steps
+    (`Epilogue.steps`); cached."""
     schedule = schedule or default_schedule(fmt)
     parts = "_parts" + "x".join(map(str, outputs)) if outputs else ""
-    gemm = Gemm(f"{fmt.name}_{activation}_{schedule.name}{parts}", fmt, schedule, activation, outputs)
+    parts += "_" + "_".join(epilogue) if epilogue else ""
+    gemm = Gemm(f"{fmt.name}_{activation}_{schedule.name}{parts}", fmt, schedule, activation, outputs,
+                Epilogue.from_steps(epilogue) if epilogue else None)
     return build_cuda_kernel(compile_gemm(gemm, CUDA).kernel)
 
 
@@ -205,6 +210,20 @@ class CudaRuntime:
         kernel over each block's stored vectors (`skip_schedule`; the skipping layout)."""
         schedule = skip_schedule(fmt, m, CUDA, k) if skip else cuda_schedule(fmt, m, k, n)
         return layer_binding(cuda_gemm(fmt, activation, schedule, written_outputs(schedule, outputs)), m, k, n)
+
+    def layer_epilogue(self, fmt: Format, activation: str, m: int, k: int, n: int,
+                       steps: tuple[str, ...]) -> LayerKernel | None:
+        """`layer_kernel`'s kernel with the epilogue `steps` where its pipeline applies one
+        (the weight stream: the decode's rows) and no dequantize route takes m rows; else None."""
+        if self.layer_dequantize(fmt, activation, m, k, n) is not None:
+            return None
+        schedule = cuda_schedule(fmt, m, k, n)
+        if not applies_epilogue(schedule.pipeline):
+            return None
+        try:
+            return layer_binding(cuda_gemm(fmt, activation, schedule, (), tuple(steps)), m, k, n)
+        except ScheduleError:  # a schedule whose tiles the epilogue cannot pair (gate)
+            return None
 
     def layer_dequantize(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel | None:
         """The dequantize kernel (W^T [N, K] in the activation type, for `mx.matmul`) where a

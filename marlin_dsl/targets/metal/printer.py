@@ -215,6 +215,11 @@ class _Printer(CPrinter):
             expr = f"metal::fma({ops[0]}, {ops[1]}, {ops[2]})"
         self.declare(depth, op.result, expr)
 
+    def op_transcendental(self, op: Op, depth: int) -> None:
+        """exp2 and recip of a float (Metal's fast math: within a few ulp, docs/IR.md)."""
+        a = self.refs(op)[0]
+        self.declare(depth, op.result, f"metal::exp2({a})" if op.name == "exp2" else f"(1.0f / {a})")
+
     def op_select(self, op: Op, depth: int) -> None:
         ops = self.refs(op)
         self.declare(depth, op.result, f"{ops[0]} ? {ops[1]} : {ops[2]}")
@@ -381,7 +386,7 @@ class _Printer(CPrinter):
         **dict.fromkeys(_BINARY, op_binary),
         "min": op_min_max, "max": op_min_max,
         "fma": op_fma, "select": op_select, "cast": op_cast, "bitcast": op_bitcast, "lop3": op_lop3,
-        "load": op_load, "vload": op_vload, "extract": op_extract, "store": op_store, "vstore": op_vstore,
+        "exp2": op_transcendental, "recip": op_transcendental, "load": op_load, "vload": op_vload, "extract": op_extract, "store": op_store, "vstore": op_vstore,
         "atomic_add": op_atomic_add,
         "table": op_table, "barrier": op_barrier, "fence": op_fence,
         "frag_zero": op_frag_zero, "frag_load": op_frag_load, "frag_store": op_frag_store, "mma": op_mma,

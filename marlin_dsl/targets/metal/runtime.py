@@ -31,6 +31,8 @@ from ...formats.text import format_to_text
 from ...ir.core import Kernel
 from ...machine.metal import METAL, STREAM_LAYOUT
 from ...machine.target import Target
+from ...epilogue import Epilogue
+from ...pipelines import applies_epilogue
 from ...schedule import Gemm, Schedule, default_schedule, written_outputs
 from ..base import LayerKernel, Shipped
 from .cpu_harness import CompiledMetal, compile_metal, find_compiler
@@ -48,21 +50,25 @@ def _cache_root() -> Path:
 
 @lru_cache(maxsize=None)
 def metal_launcher(fmt: Format, activation: str, schedule: Schedule | None = None,
-                   outputs: tuple[int, ...] = ()) -> ModuleType:
+                   outputs: tuple[int, ...] = (), epilogue: tuple[str, ...] = ()) -> ModuleType:
     """The generated launcher module of (format, activation, schedule): the format's default
     kernel where `schedule` is None; with `outputs`, Y's columns as parts of those widths
-    (`Gemm.outputs`: its `launch` returns them)."""
+    (`Gemm.outputs`: its `launch` returns them); with `epilogue`, the epilogue of those steps
+    (`Epilogue.steps`)."""
     text = f"{__version__}\0{activation}\0{format_to_text(fmt)}"
     if schedule is not None:  # the default kernel's key (and cache folder) stays as it was
         text += f"\0{schedule!r}"
     if outputs:
         text += f"\0outputs={list(outputs)}"
+    if epilogue:
+        text += f"\0epilogue={list(epilogue)}"
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     name = f"{fmt.name}_{activation}_{key}" if schedule is None else f"{fmt.name}_{activation}_{schedule.name}_{key}"
     folder = _cache_root() / "metal" / name
     launcher = folder / name / f"{name}.py"
     if not launcher.exists():
-        compiled = compile_gemm(Gemm(name, fmt, schedule or default_schedule(fmt), activation, outputs), METAL)
+        compiled = compile_gemm(Gemm(name, fmt, schedule or default_schedule(fmt), activation, outputs,
+                                     Epilogue.from_steps(epilogue) if epilogue else None), METAL)
         write_metal_kernel(compiled, None, folder)
     return _load_module(f"marlin_dsl_metal_{name}", launcher)
 
@@ -191,6 +197,21 @@ class MetalRuntime:
         return LayerKernel(module.kernel(), module.NAME, tuple(module.INPUT_NAMES), tuple(module.OUTPUT_NAMES),
                            (m, n, k), (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1),
                            None if schedule is None else STREAM_LAYOUT)
+
+    def layer_epilogue(self, fmt: Format, activation: str, m: int, k: int, n: int,
+                       steps: tuple[str, ...]) -> LayerKernel | None:
+        """`layer_kernel`'s kernel with the epilogue `steps` where its pipeline applies one (the
+        weight stream: up to its rows), else None."""
+        schedule = stream_schedule(fmt, m, k, n)
+        if schedule is None or not applies_epilogue(schedule.pipeline):
+            return None
+        try:
+            module = metal_launcher(fmt, activation, schedule, (), tuple(steps))
+        except ScheduleError:  # a schedule whose tiles the epilogue cannot pair (gate)
+            return None
+        gx, gy, gz = module.threadgroups(m, n, k)
+        return LayerKernel(module.kernel(), module.NAME, tuple(module.INPUT_NAMES), tuple(module.OUTPUT_NAMES),
+                           (m, n, k), (gx * module.THREADS, gy, gz), (module.THREADS, 1, 1), STREAM_LAYOUT)
 
     def layer_dequantize(self, fmt: Format, activation: str, m: int, k: int, n: int) -> LayerKernel | None:
         """None: Metal layers run their GEMM kernels at every row count."""

@@ -19,6 +19,7 @@ from ...formats.scaling import PER_COLUMN
 from ...formats.text import format_to_text
 from ...ir.text import print_kernel
 from ...layouts.weight_stream import stream_layout
+from ...machine.outputs import gated, steps_of
 
 HEADER_BEGIN = "// ---- marlin-dsl: header begin ----\n"
 HEADER_END = "// ---- marlin-dsl: header end ----\n"
@@ -53,8 +54,11 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
     gemm, kernel = compiled.gemm, compiled.kernel
     fmt, s = gemm.format, gemm.schedule
     act = {"f16": "float16", "bf16": "bfloat16"}[gemm.activation]
-    shapes = {"x": "[M, K]", "y": "[M, N]", **buffer_shapes(fmt), DIMS_NAME: "[3]",
-              **{f"y{i}": f"[M, {w}]" for i, w in enumerate(gemm.outputs)}}
+    steps = steps_of(kernel.attrs)
+    n_out = "N/2" if gated(steps) else "N"
+    shapes = {"x": "[M, K]", "y": f"[M, {n_out}]", **buffer_shapes(fmt), DIMS_NAME: "[3]",
+              **{f"y{i}": f"[M, {w}]" for i, w in enumerate(gemm.outputs)},
+              "bias": "[N]", "residual": f"[M, {n_out}]"}
     if kernel.attrs.get("pipeline") == "striped":
         shapes["partials"] = (f"[ceil(M/{s.tile_m}) * ceil(N/{s.tile_n}) * "
                               f"{kernel.attrs['parallel']} * {s.tile_m * s.tile_n}]")
@@ -82,7 +86,8 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
         "target": compiled.target.name,
         "computes": "y[M, N] = x[M, K] @ W[K, N], W unpacked from the format's buffers"
                     + (f"; y's columns written as y0..y{len(gemm.outputs) - 1} of widths "
-                       f"{list(gemm.outputs)} (N = {sum(gemm.outputs)})" if gemm.outputs else ""),
+                       f"{list(gemm.outputs)} (N = {sum(gemm.outputs)})" if gemm.outputs else "")
+                    + (f"; then the epilogue {' + '.join(steps)} (marlin_dsl/epilogue.py)" if steps else ""),
         "activation": act,
         "format": {"name": fmt.name, "description": fmt.describe(), "text": format_to_text(fmt)},
         "schedule": {"name": s.name, "tile": [s.tile_m, s.tile_n, s.tile_k],
@@ -90,7 +95,8 @@ def manifest(compiled: CompiledGemm, src: MetalSource, spec_path: Path | None) -
                      # the targets the schedule declares (None: every target)
                      "targets": None if s.targets is None else list(s.targets),
                      **({"parallel": kernel.attrs["parallel"]} if "parallel" in kernel.attrs else {})},
-        "constraints": {"M": ">= 1", "N": f"= {sum(gemm.outputs)}" if gemm.outputs else ">= 1",
+        "constraints": {"M": ">= 1",
+                        "N": f"= {sum(gemm.outputs)}" if gemm.outputs else "a multiple of 16" if gated(steps) else ">= 1",
                         "K": f"a positive multiple of {k_multiple(fmt)}"},
         "kernel": {
             "name": src.name,
@@ -140,7 +146,7 @@ def launcher_text(src: MetalSource, compiled: CompiledGemm) -> str:
     widths = tuple(compiled.gemm.outputs)
     outputs = []
     for n in src.output_names:
-        size = {"y": "M * N", "partials": f"tiles * {kernel.attrs.get('parallel', 1)} * {s.tile_m * s.tile_n}",
+        size = {"y": "M * (N // 2)" if gated(steps_of(kernel.attrs)) else "M * N", "partials": f"tiles * {kernel.attrs.get('parallel', 1)} * {s.tile_m * s.tile_n}",
                 "counters": "tiles", **{f"y{i}": f"M * {w}" for i, w in enumerate(widths)}}[n]
         outputs.append(f"    ({n!r}, ({size},), {mx_dtype[src.dtypes[n]]}),")
     if widths:  # Y's columns as parts (Gemm.outputs)
@@ -148,7 +154,8 @@ def launcher_text(src: MetalSource, compiled: CompiledGemm) -> str:
         ret = (f"    return [outs[OUTPUT_NAMES.index(f'y{{i}}')].reshape(M, w) for i, w in enumerate({list(widths)!r})]\n")
     else:
         returns, result = "mx.array", "y [M, N] in x's dtype"
-        ret = '    return outs[OUTPUT_NAMES.index("y")].reshape(M, N)\n'
+        cols = "N // 2" if gated(steps_of(kernel.attrs)) else "N"
+        ret = f'    return outs[OUTPUT_NAMES.index("y")].reshape(M, {cols})\n'
     tiles_line = f"    tiles = -(-M // {s.tile_m}) * -(-N // {s.tile_n})\n" if striped else ""
     # Only the striped pipeline needs its outputs zeroed (arrival counters); a fill of y
     # would cost a pass over the output for nothing.
