@@ -297,3 +297,56 @@ def test_built_by_mlx_lm_model_file_then_filled(tmp_path, fake_cuda, monkeypatch
     tokens = mx.array([[3, 1, 4]])
     assert np.array_equal(_logits(built, tokens), _logits(fused, tokens))
     assert {k for k, _ in tree_flatten(built.parameters())} == {k for k, _ in tree_flatten(fused.parameters())}
+
+
+@needs_gxx
+def test_metal_layer_launches_the_shipped_epilogue_kernel(monkeypatch, tmp_path) -> None:
+    """On backend "metal" (no Apple GPU here: mx.fast.metal_kernel is a stand-in that checks
+    the text it is handed and runs it on the Metal CPU harness, tests/metal_standin.py) a call
+    with an epilogue at 3 rows is one launch of the generated launcher's epilogue kernel; its
+    output against the float64 composition."""
+    import sys
+    from pathlib import Path
+
+    import marlin_dsl.layers.dispatch as dispatch
+    import marlin_dsl.layers.epilogue_dispatch as epilogue_dispatch
+    import marlin_dsl.nn as mnn
+    from marlin_dsl.models.fused_block import epilogue_call
+    from marlin_dsl.nn import MarlinLinear
+    from marlin_dsl.targets.metal.runtime import metal_launcher, stream_schedule
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from metal_standin import MetalStandIn
+
+    monkeypatch.setenv("MARLIN_DSL_CACHE", str(tmp_path))
+    monkeypatch.setattr(mnn, "_metal_available", lambda: True)
+    caches = (metal_launcher, dispatch.dispatch_for, epilogue_dispatch.epilogue_dispatch_for)
+    for cache in caches:
+        cache.cache_clear()
+    monkeypatch.setattr(mx.fast, "metal_kernel", lambda **_: None)  # set below, per kernel
+    try:
+        rng = np.random.default_rng(21)
+        fmt, k, n, m = md.builtin_format("fp4"), 256, 64, 3
+        packed = md.pack(fmt, rng.standard_normal((k, n)))
+        layer = MarlinLinear.from_packed(packed, backend="metal")
+        sched = stream_schedule(fmt, m, k, n)
+        kernels = {}
+        for steps in (("silu",), ("residual",)):
+            name = metal_launcher(fmt, "f16", sched, (), steps).NAME
+            kernels[name] = print_metal(compile_gemm(md.Gemm(name, fmt, sched, "f16",
+                                                             epilogue=Epilogue.from_steps(steps)), md.METAL).kernel)
+        standin = MetalStandIn(kernels.__getitem__)
+        monkeypatch.setattr(mx.fast, "metal_kernel", standin)
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        r = rng.standard_normal((m, n)).astype(np.float16)
+        y_gate = epilogue_call(layer, ("silu",), mx.array(x))
+        y_res = epilogue_call(layer, ("residual",), mx.array(x), mx.array(r))
+        assert [launch["name"] for launch in standin.launches] == list(kernels)
+        xr, w, wk = x.astype(np.float64), dequantize(packed), kernel_weights(packed, "f16")
+        got = np.array(y_gate.astype(mx.float32)).astype(np.float64)
+        assert got.shape == (m, n // 2) and compare_epilogue(got, ("silu",), xr, w, "f16", wk).ok
+        got = np.array(y_res.astype(mx.float32)).astype(np.float64)
+        assert compare_epilogue(got, ("residual",), xr, w, "f16", wk, None, r.astype(np.float64)).ok
+    finally:
+        for cache in caches:
+            cache.cache_clear()

@@ -22,7 +22,7 @@ from ..errors import MarlinDSLError, ScheduleError, ShapeError
 from ..formats import Format
 from ..machine.outputs import GATE_ROWS, GATES, epilogue_inputs, out_columns
 from ..pipelines import applies_epilogue
-from .dispatch import _INIT_VALUE, _KERNEL_ACTIVATION, _OUTPUT_DTYPE, Dispatch, dispatch_for
+from .dispatch import _INIT_VALUE, _KERNEL_ACTIVATION, _OUTPUT_DTYPE, Dispatch, check_activation, dispatch_for
 
 #: launch(x, weights, extras) -> y; extras are the epilogue's inputs in `epilogue_inputs` order
 EpilogueLaunch = Callable[[mx.array, Sequence[mx.array], Sequence[mx.array]], mx.array]
@@ -72,15 +72,15 @@ class EpilogueDispatch:
         return self.launch(x)(x, weights, extras)
 
     def _build(self, x: mx.array) -> EpilogueLaunch:
-        plain = self.base.launch(x)  # checks x
+        check_activation(x, self.k)
         shape, dtype = tuple(x.shape), x.dtype
         runtime = getattr(self.base, "runtime", None)
         kernel = None
         if runtime is not None and dtype != mx.float32:  # f32 activations: composed in f16 kernels' way
             kernel = runtime.layer_epilogue(self.fmt, _KERNEL_ACTIVATION[dtype], math.prod(shape[:-1]),
                                             self.k, self.n, self.steps)
-        if kernel is None:
-            steps = self.steps
+        if kernel is None:  # the plain launch (built only here: it may be another kernel)
+            steps, plain = self.steps, self.base.launch(x)
             return lambda x, weights, extras: compose(steps, plain(x, weights), extras)
         self.base._check_kernel(kernel, ["x", *self.names, *self.extra_names, "dims"], [["y"]])  # type: ignore[attr-defined]
         fn, grid, threadgroup = kernel.kernel, kernel.grid, kernel.threadgroup
