@@ -22,8 +22,10 @@ format's arrays); its output y has `out_columns(N)` columns. The unfused composi
 after every step (the GEMM's Y, the activation, the product, the sum); the epilogue rounds once,
 so it is the more accurate of the two and is checked against the float64 composition.
 
-Which pipelines apply an epilogue: those whose class says `applies_epilogue = True` (today the
-weight stream, the decode pipeline, whose epilogue holds the whole tile in shared memory).
+Which pipelines apply an epilogue: those whose class says `applies_epilogue = True`: the weight
+stream (the decode; its epilogue holds the whole tile in shared memory) and the multistage
+pipeline (each lane applies it to its own elements; a gate there needs the target's C lane
+table to give a lane rows 8 apart: CUDA's m16n8, not Metal's 8x8).
 """
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def test_steps_and_errors() -> None:
     with pytest.raises(ScheduleError, match="in that order"):
         Epilogue.from_steps(("residual", "silu"))
     fmt = md.builtin_format("fp4")
-    with pytest.raises(ScheduleError, match="gemm 'g': epilogue silu: the fused_dequant pipeline .* does not apply epilogues; only weight_stream"):
+    with pytest.raises(ScheduleError, match="gemm 'g': epilogue silu: the fused_dequant pipeline .* does not "
+                                            "apply epilogues; only (multistage, weight_stream|weight_stream, multistage) "):
         md.Gemm("g", fmt, md.Schedule("s", tile_k=32, pipeline=md.FusedDequant()), epilogue=Epilogue(gate="silu"))
     with pytest.raises(ScheduleError, match="an epilogue and outputs"):
         md.Gemm("g", fmt, md.tuned_schedule(fmt, 1), outputs=(16, 16), epilogue=Epilogue(bias=True))
@@ -135,6 +136,42 @@ def test_epilogue_kernels(fmt: str, act: str, epilogue: Epilogue, target: str) -
             assert res.ok, (shape, res.summary())
 
 
+@pytest.mark.sweep
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: "+".join(e.steps))
+@pytest.mark.parametrize("act", ["f16", "bf16"])
+@pytest.mark.parametrize("fmt", ["fp4", "uint4_zp"])
+def test_multistage_epilogue_kernels(fmt: str, act: str, epilogue: Epilogue) -> None:
+    """The multistage pipeline (CUDA's tuned kernel for 17-64 rows where N > K) applies the
+    epilogue on each lane's elements, a gate pairing the m16n8 C tile's rows g and g + 8: the
+    interpreter and the printed text on the CUDA CPU harness, M = 1, 3, 65."""
+    f = md.builtin_format(fmt)
+    gemm = md.Gemm("ms_ep", f, md.tuned_schedule(f, 32, k=4096, n=14336), act, epilogue=epilogue)
+    assert gemm.schedule.pipeline.kind == "multistage"
+    kernel = compile_gemm(gemm, md.CUDA).kernel
+    rng = np.random.default_rng(hash((fmt, act, epilogue.steps)) % 2**32)
+    executors = [run_kernel] + ([cuda_cpu_executor()] if find_compiler() is not None else [])
+    for execute in executors:
+        for shape in check_shapes(gemm):
+            res = check_kernel(gemm, kernel, shape, rng, execute=execute)
+            assert res.ok, (shape, res.summary())
+
+
+@needs_gxx
+def test_metal_multistage_takes_bias_and_residual_but_no_gate() -> None:
+    """Metal's 8x8 C tile gives a lane one row: its multistage kernel adds a bias and a residual
+    (the printed text on the Metal CPU harness) and refuses a gate, naming the weight stream."""
+    fmt = md.builtin_format("fp4")
+    schedule = metal_schedule(fmt, 64)
+    assert schedule.pipeline.kind == "multistage"
+    gemm = md.Gemm("ms_metal", fmt, schedule, epilogue=Epilogue(bias=True, residual=True))
+    kernel = compile_gemm(gemm, md.METAL).kernel
+    rng = np.random.default_rng(4)
+    res = check_kernel(gemm, kernel, (3, 145, 256), rng, execute=lambda k, b, s: run_metal_cpu(k, b, s))
+    assert res.ok, res.summary()
+    with pytest.raises(ScheduleError, match="metal's 8-row C tile gives a lane no such pairs .* use the weight stream"):
+        compile_gemm(md.Gemm("ms_gate", fmt, schedule, epilogue=Epilogue(gate="silu")), md.METAL)
+
+
 def test_the_check_fails_on_a_wrong_epilogue() -> None:
     """A kernel with silu against the reference of gelu_tanh, or without its residual, fails;
     against its own steps it passes (the check can tell)."""
@@ -181,10 +218,11 @@ def _logits(model, tokens: mx.array) -> np.ndarray:
 
 def test_fused_blocks_on_cuda_launch_the_epilogue_kernels(fake_cuda) -> None:
     """A tiny llama converted to fp4 on backend "cuda" (kernels run by the interpreter): at one
-    token the MLP runs two launches, the gate/up kernel with silu and the down kernel with the
-    residual, and no MLX op between; at 70 tokens (the multistage pipeline) the same layers
-    compose the epilogue in MLX ops. Logits against the unfused conversion of the same weights
-    (f16: the fused kernels round once where the unfused model rounds after each op)."""
+    token (the weight stream) and at 70 (the multistage pipeline, no warpgroup MMA here) the
+    MLP runs two launches, the gate/up kernel with silu and the down kernel with the residual,
+    and no MLX op between. With the runtime's epilogue kernels withheld the same layers compose
+    the steps in MLX ops. Logits against the unfused conversion of the same weights (f16: the
+    fused kernels round once where the unfused model rounds after each op)."""
     from mlx.utils import tree_flatten
     from tiny_models import tiny_llama
 
@@ -201,10 +239,21 @@ def test_fused_blocks_on_cuda_launch_the_epilogue_kernels(fake_cuda) -> None:
         fake_cuda.clear()
         got = _logits(fused, tokens)
         names = [launch["name"] for launch in fake_cuda]
-        assert sum("_silu" in n for n in names) == (2 if length == 1 else 0), names
-        assert sum("_residual" in n for n in names) == (2 if length == 1 else 0), names
+        assert sum("_silu" in n for n in names) == 2 and sum("_residual" in n for n in names) == 2, names
         want = _logits(plain, tokens)
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 5e-3, length
+    from marlin_dsl.layers import epilogue_dispatch
+    from marlin_dsl.targets.cuda.runtime import RUNTIME
+
+    epilogue_dispatch.epilogue_dispatch_for.cache_clear()
+    for layer in [m for _, m in fused.named_modules() if hasattr(m, "_epilogue_calls")]:
+        layer._epilogue_calls.clear()
+    with pytest.MonkeyPatch.context() as patch:  # no epilogue kernels: the layers compose
+        patch.setattr(type(RUNTIME), "layer_epilogue", lambda self, *args: None)
+        fake_cuda.clear()
+        got = _logits(fused, tokens)
+        assert not any("_silu" in launch["name"] or "_residual" in launch["name"] for launch in fake_cuda)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 5e-3
 
 
 def test_fused_model_saves_portable_and_loads_fused(tmp_path, fake_cuda) -> None:

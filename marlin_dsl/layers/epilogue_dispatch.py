@@ -4,7 +4,7 @@ of bias, a gated activation and a residual add.
 One `EpilogueDispatch` per (format, [K, N], backend, steps), shared like `Dispatch`, holds one
 launch per activation shape and dtype, built on first use:
 - where the target's kernel for those rows applies epilogues (`TargetRuntime.layer_epilogue`:
-  the weight stream, the decode's rows), one kernel launch: x, the weights and the epilogue's
+  the weight stream and the multistage pipeline), one kernel launch: x, the weights and the epilogue's
   inputs in, y out, rounded once;
 - else the plain launch (`Dispatch`, which may take the dequantize route) followed by the same
   steps in MLX ops (`compose`), as the unfused model computes them.

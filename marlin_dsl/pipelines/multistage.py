@@ -5,7 +5,7 @@ step ahead (Metal). Lowered by `lowering/multistage.py`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ..errors import ScheduleError
 from ..formats import Format
@@ -38,6 +38,9 @@ class Multistage:
 
     stages: int = 3
     kind: Literal["multistage"] = "multistage"
+    #: Its epilogue applies a Gemm's `Epilogue` on each lane's elements (LaneStore; a gate needs
+    #: the target's C lane table to pair rows 8 apart in a lane: CUDA's m16n8, not Metal's 8x8).
+    applies_epilogue: ClassVar[bool] = True
 
     def validate(self, schedule: ScheduleShape) -> None:
         if not is_positive_int(self.stages) or not 2 <= self.stages <= 8:

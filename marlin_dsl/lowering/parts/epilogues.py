@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ...errors import ScheduleError
 from ...ir import F32, U32, Value, VectorType
 from ...machine.outputs import GATE_ROWS, GATES
 from .context import GemmParts, Tile
@@ -213,9 +214,10 @@ class KWarpReduce(EpilogueSteps):
             start += width
 
 
-class LaneStore(GemmParts):
+class LaneStore(EpilogueSteps):
     """The multistage epilogue (needs the stream setup's `n_tiles`, `m0`, `warp_m0` and the
-    C lane tables `c_row_off`, `c_col_off`)."""
+    C lane tables `c_row_off`, `c_col_off`, `c_row_base`); it applies the Gemm's `Epilogue`
+    on each lane's own elements (a gate: `gate_pairs`)."""
 
     def store_y(self, accs: list[Value]) -> None:
         """Each lane stores its own accumulator elements: C row = N, C column = M."""
@@ -224,19 +226,68 @@ class LaneStore(GemmParts):
         c_row0 = b.value("table", [self.lane], U32, {"name": "c_row0"}, hint="cr")
         c_col0 = b.value("table", [self.lane], U32, {"name": "c_col0"}, hint="cc")
         per = len(self.c_row_off)
+        gate = next((st for st in self.epilogue_steps if st in GATES), None)
+        pairs = self.gate_pairs() if gate is not None else []
         for j in range(self.nsub):
             n_lane = self.op2("add", self.op2("mul", self.n_tiles[j], mm, hint="yn"), c_row0, hint="yn")
             for mt in range(self.msub):
                 m_lane = self.op2("add", self.op2("add", self.m0, self.op2("add", self.warp_m0, mt * mn, hint="ym"), hint="ym"),
                                   c_col0, hint="ym")
                 elems = b.value("frag_elems", [accs[j * self.msub + mt]], VectorType(self.frag_c.elem, per), hint="ce")
+                if gate is not None:
+                    self.store_gated_pairs(gate, pairs, elems, j, n_lane, m_lane)
+                    continue
                 for e in range(per):
                     n = self.op2("add", n_lane, self.c_row_off[e], hint="yn") if self.c_row_off[e] else n_lane
                     m = self.op2("add", m_lane, self.c_col_off[e], hint="ym") if self.c_col_off[e] else m_lane
                     ok = self.op2("and", self.op2("lt", m, self.M, hint="p"), self.op2("lt", n, self.N, hint="p"), hint="p")
                     v = b.value("extract", [elems], self.frag_c.elem, {"index": e}, hint="yv")
-                    b.store("y", self.op2("add", self.op2("mul", m, self.N, hint="yi"), n, hint="yi"),
-                            b.cast(v, self.act, hint="yv"), ok)
+                    at = self.op2("add", self.op2("mul", m, self.N, hint="yi"), n, hint="yi")
+                    if "bias" in self.epilogue_steps:
+                        v = self.add_bias(v, n, ok)
+                    if "residual" in self.epilogue_steps:
+                        v = self.add_residual(v, at, ok)
+                    b.store("y", at, b.cast(v, self.act, hint="yv"), ok)
+
+    def gate_pairs(self) -> list[tuple[int, int]]:
+        """(gate element, up element) of a lane's accumulator elements for a gated epilogue:
+        elements GATE_ROWS apart in N at the same M, the gate in the first half of every lane's
+        16-row run. From the target's C lane table (CUDA's m16n8: rows g and g + 8); a table
+        without such pairs (Metal's 8x8 tiles hold one row a lane) raises ScheduleError."""
+        mm = self.target.mma[0]
+        rows, cols, base = self.c_row_off, self.c_col_off, self.c_row_base
+        pairs = [(e, u) for e in range(len(rows)) for u in range(len(rows))
+                 if rows[u] == rows[e] + GATE_ROWS and cols[u] == cols[e] and max(base) + rows[e] < GATE_ROWS]
+        if mm != 2 * GATE_ROWS or min(base) < 0 or 2 * len(pairs) != len(rows):
+            raise ScheduleError(
+                f"gemm {self.gemm.name!r}: a gated epilogue in the {self.pipeline.kind} pipeline pairs each "
+                f"lane's gate and up rows in registers; {self.target.name}'s {mm}-row C tile gives a lane no "
+                f"such pairs (rows {GATE_ROWS} apart at one column): use the weight stream", self.gemm.location)
+        return pairs
+
+    def store_gated_pairs(self, gate: str, pairs: list[tuple[int, int]], elems: Value, j: int,
+                          n_lane: Value, m_lane: Value) -> None:
+        """Y[m, 8 n_tile + row] = act(G) * U (+ bias, + residual) for each (gate, up) pair of a
+        lane's elements of N tile `j` (its gate rows are outputs 8 n_tile .. 8 n_tile + 7)."""
+        b, steps = self.b, self.epilogue_steps
+        n_out = self.op2("shr", self.N, 1, hint="no")
+        # n_lane = 16 n_tile + row0 (row0 < 8): the lane's gate row is output 8 n_tile + row0
+        j_lane = self.op2("sub", n_lane, self.op2("mul", self.n_tiles[j], GATE_ROWS, hint="yn"), hint="yn")
+        for e, u in pairs:
+            m = self.op2("add", m_lane, self.c_col_off[e], hint="ym") if self.c_col_off[e] else m_lane
+            out = self.op2("add", j_lane, self.c_row_off[e], hint="yn") if self.c_row_off[e] else j_lane
+            ok = self.op2("and", self.op2("lt", m, self.M, hint="p"), self.op2("lt", out, n_out, hint="p"), hint="p")
+            g = b.value("extract", [elems], self.frag_c.elem, {"index": e}, hint="yv")
+            v = b.value("extract", [elems], self.frag_c.elem, {"index": u}, hint="yv")
+            if "bias" in steps:
+                n_g = self.op2("add", n_lane, self.c_row_off[e], hint="yn") if self.c_row_off[e] else n_lane
+                g = self.add_bias(g, n_g, ok)
+                v = self.add_bias(v, self.op2("add", n_g, GATE_ROWS, hint="yn"), ok)
+            v = self.op2("mul", self.activate(gate, g), v, hint="ep")
+            at = self.op2("add", self.op2("mul", m, n_out, hint="yi"), out, hint="yi")
+            if "residual" in steps:
+                v = self.add_residual(v, at, ok)
+            b.store("y", at, b.cast(v, self.act, hint="yv"), ok)
 
 
 __all__ = ["KWarpReduce", "LaneStore", "SharedTileEpilogue"]

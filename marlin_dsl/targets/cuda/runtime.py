@@ -214,7 +214,8 @@ class CudaRuntime:
     def layer_epilogue(self, fmt: Format, activation: str, m: int, k: int, n: int,
                        steps: tuple[str, ...]) -> LayerKernel | None:
         """`layer_kernel`'s kernel with the epilogue `steps` where its pipeline applies one
-        (the weight stream: the decode's rows) and no dequantize route takes m rows; else None."""
+        (the weight stream and the multistage pipeline; not the warpgroup pipeline) and no
+        dequantize route takes m rows; else None."""
         if self.layer_dequantize(fmt, activation, m, k, n) is not None:
             return None
         schedule = cuda_schedule(fmt, m, k, n)

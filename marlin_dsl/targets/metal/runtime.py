@@ -201,7 +201,8 @@ class MetalRuntime:
     def layer_epilogue(self, fmt: Format, activation: str, m: int, k: int, n: int,
                        steps: tuple[str, ...]) -> LayerKernel | None:
         """`layer_kernel`'s kernel with the epilogue `steps` where its pipeline applies one (the
-        weight stream: up to its rows), else None."""
+        weight stream; the multistage pipeline but for a gate: its 8x8 C tile pairs no rows in a
+        lane), else None."""
         schedule = stream_schedule(fmt, m, k, n)
         if schedule is None or not applies_epilogue(schedule.pipeline):
             return None
