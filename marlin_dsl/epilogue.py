@@ -38,6 +38,7 @@ from .errors import ScheduleError, ShapeError, SourceLocation
 from .machine.outputs import GATE_ROWS, GATES, epilogue_inputs, gated, out_columns, steps_of
 from .source import caller_location
 
+
 @dataclass(frozen=True)
 class Epilogue:
     """See the module docstring. All fields off: no epilogue (Gemm takes None for that)."""

@@ -13,8 +13,9 @@ Which mlx-lm classes qualify is data (`FUSIBLE_MLPS`, `FUSIBLE_BLOCKS`): their c
 instance of a subclass of its own class that overrides `__call__` only, so its children,
 parameters and every other attribute stay as they were (saving, loading and mlx-lm's code
 that reads them are unaffected). Anything else stays as it is. Where a launch's kernel does not
-apply epilogues (many rows: the multistage, warpgroup or dequantize routes) the layer runs the
-plain kernel and the same steps in MLX ops (`layers/epilogue_dispatch.py`).
+apply epilogues (many rows on Hopper: the warpgroup pipeline and the dequantize route; a gate
+in Metal's multistage pipeline) the layer runs the plain kernel and the same steps in MLX ops
+(`layers/epilogue_dispatch.py`).
 """
 from __future__ import annotations
 
