@@ -106,6 +106,7 @@ def cuda_harness_kernels() -> Source:
     for args in (("x",), ("s",), ("s", 0, False), ("x", 1)):
         yield f"test_cuda_cpu_harness:copy_{args}", lambda a=args: harness._copy_kernel(*a)
     yield "test_harness_compare:cuda", lambda: compare_kernel("cuda")
+    yield from _epilogue_kernels(CUDA)
 
 
 def metal_harness_kernels() -> Source:
@@ -137,6 +138,19 @@ def metal_harness_kernels() -> Source:
     for dtype in sparse_gemm.DTYPES:
         yield f"test_metal_sparse_gemm:{dtype}", lambda d=dtype: lower_sparse_gemm(d, "metal")
     yield "test_harness_compare:metal", lambda: compare_kernel("metal")
+    yield from _epilogue_kernels(METAL)
+
+
+def _epilogue_kernels(target) -> Source:
+    """test_epilogue.py's weight-stream kernels with a gated epilogue (exp2, recip) and with a
+    bias and residual, run on each harness there."""
+    import test_epilogue as epilogue
+    from marlin_dsl.epilogue import Epilogue
+
+    for ep in (Epilogue(gate="silu"), Epilogue(bias=True, gate="gelu_tanh", residual=True)):
+        for act in ("f16", "bf16"):
+            gemm = epilogue._gemm("fp4", act, ep, target)
+            yield f"test_epilogue:{'+'.join(ep.steps)}_{act}", lambda g=gemm: compile_gemm(g, target).kernel
 
 
 HARNESS = {"cuda": cuda_harness_kernels, "metal": metal_harness_kernels}
