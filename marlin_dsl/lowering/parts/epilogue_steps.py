@@ -10,8 +10,10 @@ gives g or 0 (2^(..) overflows to inf, its reciprocal to 0) instead of inf / inf
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from ...ir import F32, Value
+from ...machine.outputs import GATE_ROWS
 from .context import GemmParts
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -38,6 +40,23 @@ class EpilogueSteps(GemmParts):
         """v + residual[index] (read where `ok`)."""
         r = self.b.load("residual", index, self.act, ok, hint="rv")
         return self.op2("add", v, self.b.cast(r, F32, hint="rv"), hint="ep")
+
+    def store_pair(self, gate: str, g: Value, u: Value, ok: Value, gate_n: Callable[[], Value],
+                   index: Callable[[], Value]) -> None:
+        """Y[index] = act(g + bias[gate_n]) * (u + bias[gate_n + 8]) (+ residual[index]), rounded
+        once, where `ok`: the gated output of one (gate, up) pair, however a pipeline holds it.
+        `gate_n` and `index` emit their IR when needed (the bias's row first, Y's index after
+        the activation), so every pipeline's text keeps one order."""
+        steps = self.epilogue_steps
+        if "bias" in steps:
+            n = gate_n()
+            g = self.add_bias(g, n, ok)
+            u = self.add_bias(u, self.op2("add", n, GATE_ROWS, hint="yn"), ok)
+        v = self.op2("mul", self.activate(gate, g), u, hint="ep")
+        at = index()
+        if "residual" in steps:
+            v = self.add_residual(v, at, ok)
+        self.b.store("y", at, self.b.cast(v, self.act, hint="yv"), ok)
 
     def activate(self, gate: str, g: Value) -> Value:
         """silu(g) or gelu_tanh(g), f32."""

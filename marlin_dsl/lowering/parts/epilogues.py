@@ -146,7 +146,7 @@ class KWarpReduce(EpilogueSteps):
         """Y[gm, j] = act(G + bias) * (U + bias) (+ residual[gm, j]), rounded once: output j of
         the tile pairs its rows r_g = 16 (j // 8) + j % 8 (gate) and r_g + 8 (up); Y has N / 2
         columns (marlin_dsl/epilogue.py)."""
-        b, s, steps = self.b, self.s, self.epilogue_steps
+        s = self.s
         half_n = s.tile_n // 2
         half = half_n * s.tile_m
         n_out = self.op2("shr", self.N, 1, hint="no")
@@ -164,15 +164,8 @@ class KWarpReduce(EpilogueSteps):
             ok = self.op2("and", self.op2("lt", gm, self.M, hint="p"), self.op2("lt", j, n_out, hint="p"), hint="p")
             if inside is not None:
                 ok = self.op2("and", ok, inside, hint="p")
-            if "bias" in steps:
-                gn = self.op2("add", n0, r_g, hint="yn")
-                g = self.add_bias(g, gn, ok)
-                u = self.add_bias(u, self.op2("add", gn, GATE_ROWS, hint="yn"), ok)
-            v = self.op2("mul", self.activate(gate, g), u, hint="ep")
-            at = self.op2("add", self.op2("mul", gm, n_out, hint="yi"), j, hint="yi")
-            if "residual" in steps:
-                v = self.add_residual(v, at, ok)
-            b.store("y", at, b.cast(v, self.act, hint="yv"), ok)
+            self.store_pair(gate, g, u, ok, lambda: self.op2("add", n0, r_g, hint="yn"),
+                            lambda: self.op2("add", self.op2("mul", gm, n_out, hint="yi"), j, hint="yi"))
 
         self.counted_loop(-(-half // self.threads), body, hint="ie")
 
@@ -269,7 +262,7 @@ class LaneStore(EpilogueSteps):
                           n_lane: Value, m_lane: Value) -> None:
         """Y[m, 8 n_tile + row] = act(G) * U (+ bias, + residual) for each (gate, up) pair of a
         lane's elements of N tile `j` (its gate rows are outputs 8 n_tile .. 8 n_tile + 7)."""
-        b, steps = self.b, self.epilogue_steps
+        b = self.b
         n_out = self.op2("shr", self.N, 1, hint="no")
         # n_lane = 16 n_tile + row0 (row0 < 8): the lane's gate row is output 8 n_tile + row0
         j_lane = self.op2("sub", n_lane, self.op2("mul", self.n_tiles[j], GATE_ROWS, hint="yn"), hint="yn")
@@ -279,15 +272,10 @@ class LaneStore(EpilogueSteps):
             ok = self.op2("and", self.op2("lt", m, self.M, hint="p"), self.op2("lt", out, n_out, hint="p"), hint="p")
             g = b.value("extract", [elems], self.frag_c.elem, {"index": e}, hint="yv")
             v = b.value("extract", [elems], self.frag_c.elem, {"index": u}, hint="yv")
-            if "bias" in steps:
-                n_g = self.op2("add", n_lane, self.c_row_off[e], hint="yn") if self.c_row_off[e] else n_lane
-                g = self.add_bias(g, n_g, ok)
-                v = self.add_bias(v, self.op2("add", n_g, GATE_ROWS, hint="yn"), ok)
-            v = self.op2("mul", self.activate(gate, g), v, hint="ep")
-            at = self.op2("add", self.op2("mul", m, n_out, hint="yi"), out, hint="yi")
-            if "residual" in steps:
-                v = self.add_residual(v, at, ok)
-            b.store("y", at, b.cast(v, self.act, hint="yv"), ok)
+            self.store_pair(gate, g, v, ok,
+                            lambda e=e: self.op2("add", n_lane, self.c_row_off[e], hint="yn") if self.c_row_off[e]
+                            else n_lane,
+                            lambda m=m, out=out: self.op2("add", self.op2("mul", m, n_out, hint="yi"), out, hint="yi"))
 
 
 __all__ = ["KWarpReduce", "LaneStore", "SharedTileEpilogue"]
