@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,23 +25,21 @@ from .errors import MarlinDSLError, ShapeError
 from .formats import Format, PackedWeights
 from .formats.builtin import GroupSize
 from .formats.pack_weights import pack_fp4_weights
-from .layers.arguments import activation_casts, float_dtype, promoted, resolve_format
+from .layers.arguments import Backend, activation_casts, float_dtype, resolve_format
 from .layers.arguments import checked_activation as _check_activation
 from .layers.arguments import checked_bias as _check_bias
 from .layers.arguments import device_arrays as _device_arrays
+from .layers.constructors import LayerConstructors
 from .layers.dispatch import LINEAR, dispatch_for
-from .layers.interop import packed_from_quantized
-from .layers.mlx_ops import mx_dtype, packed_to_numpy
+from .layers.mlx_ops import packed_to_numpy
 from .layers.mlx_pack import pack_mx
 from .layers.skip import SkipPath, skip_path, skip_path_of_packed
-from .layers.source_errors import SourcePart, source_error
 from .layers.validate import validate_mx
 from .layers.weights import layout_shapes, to_layout, to_linear, which_layout
 
 __all__ = ["MarlinLinear", "available_backends", "pack_fp4_weights", "prepare", "quantized_linear",
            "select_backend"]
 
-Backend = Literal["auto", "metal", "cuda", "mlx"]
 _BACKENDS = ("auto", "metal", "cuda", "mlx")
 # ----- backend selection ------------------------------------------------------------------
 
@@ -130,7 +128,7 @@ def quantized_linear(x: mx.array, packed: PackedWeights, bias: mx.array | None =
 
 # ----- the layer --------------------------------------------------------------------------
 
-class MarlinLinear(nn.Module):
+class MarlinLinear(LayerConstructors, nn.Module):
     """`y = x @ W + bias` with W [K, N] stored packed in a marlin-dsl format.
 
     Like `mlx.nn.QuantizedLinear`, the constructor draws a random weight (uniform in
@@ -249,6 +247,13 @@ class MarlinLinear(nn.Module):
 
     def _closure(self):
         run = self._launcher(self._dispatch, self._skip)
+        order = self.get("input_order")
+        if order is not None:  # act-order checkpoints: W's rows take x's columns in this order
+            launch = run
+
+            def run(x: mx.array):
+                return launch(mx.take(x, order, axis=-1))
+
         bias = self.get("bias")
         if bias is None:
             return run
@@ -323,7 +328,7 @@ class MarlinLinear(nn.Module):
         super().__setitem__(key, value)
         if key in getattr(self, "_weight_names", ()):
             self._stale = True  # update()/load_weights(): check and convert before the next use
-        if key == "bias" or key in getattr(self, "_weight_names", ()):
+        if key in ("bias", "input_order") or key in getattr(self, "_weight_names", ()):
             self._disarm()
 
     def __delitem__(self, key: str) -> None:
@@ -380,91 +385,6 @@ class MarlinLinear(nn.Module):
                     f"checked once before use, which cannot happen inside mx.compile: call "
                     f"marlin_dsl.nn.prepare(model) first ({err})") from None
         return linear
-
-    # ----- constructors --------------------------------------------------------------------
-
-    @classmethod
-    def from_packed(cls, packed: PackedWeights, bias: mx.array | None = None, *,
-                    backend: Backend = "auto", check_finite: bool = False) -> MarlinLinear:
-        """A layer holding `packed` (numpy or MLX arrays in the linear layout, validated once
-        here) and an optional bias."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        if not isinstance(packed, PackedWeights):
-            raise ShapeError(f"packed: expected marlin_dsl.PackedWeights, got {type(packed).__name__}")
-        layer._setup(packed.format, packed.shape, backend, check_finite)
-        _, arrays = _device_arrays(packed, layer._backend)
-        layer._hold(packed.arrays, arrays)
-        if bias is not None:
-            layer.bias = _check_bias(bias, layer.output_dims, None, check_finite=False)
-        layer._stale = False
-        layer.freeze()
-        return layer
-
-    @classmethod
-    def placeholder(cls, fmt: Format, input_dims: int, output_dims: int, bias: bool = False, *,
-                    backend: Backend = "auto") -> MarlinLinear:
-        """An empty layer of this format and shape, to be filled by `load_weights` (its zero
-        arrays fail validation, so using it unfilled is an error, not a silent zero)."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._setup(fmt, (input_dims, output_dims), backend, False)
-        for spec in fmt.buffers(input_dims, output_dims):
-            dict.__setitem__(layer, spec.name, mx.zeros(spec.shape, dtype=mx_dtype(spec.elem)))
-        if bias:
-            layer.bias = mx.zeros((output_dims,))
-        layer._stale = True
-        layer.freeze()
-        return layer
-
-    @classmethod
-    def from_linear(cls, linear: nn.Module, format: str | Format = "fp4",
-                    group_size: GroupSize | None = None, *, backend: Backend = "auto",
-                    name: str = "linear", sources: Sequence[SourcePart] | None = None) -> MarlinLinear:
-        """Quantise an `mlx.nn.Linear` (weight [N, K]) into `format` on the device
-        (`mlx_pack.pack_mx`, bit-identical to `marlin_dsl.pack`); its bias is kept as is.
-        `source_dtype` becomes the weight's and bias's dtype, promoted (the result's dtype
-        follows what `linear` returns). Errors name `name.weight` and the index in its [N, K]
-        shape; a converter whose weight is made of other tensors (fused or dequantised
-        layers, models/convert.py) passes them as `sources`."""
-        weight = linear.get("weight") if isinstance(linear, nn.Module) else None
-        if (not isinstance(weight, mx.array) or weight.ndim != 2
-                or not mx.issubdtype(weight.dtype, mx.floating)):
-            raise ShapeError(f"{name}: expected an mlx.nn.Linear with a float [N, K] weight"
-                             + ("; use from_quantized_linear for an mlx.nn.QuantizedLinear"
-                                if isinstance(linear, nn.QuantizedLinear) else ""))
-        fmt = resolve_format(format, group_size)
-        n, k = (int(d) for d in weight.shape)
-        fmt.check_shape(k, n, f"{name}.weight (transposed to [K, N])")
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._setup(fmt, (k, n), backend, False)
-        try:
-            packed = pack_mx(fmt, weight.T)
-        except MarlinDSLError as err:
-            parts = sources if sources is not None else [SourcePart(name, n, {"weight": weight})]
-            raise source_error(err, parts, fmt.group_size_for(k)) from None
-        layer._install(packed.arrays)
-        dtypes = [weight.dtype]
-        if "bias" in linear:
-            layer.bias = _check_bias(linear["bias"], n, None, check_finite=False)
-            dtypes.append(layer.bias.dtype)
-        layer.source_dtype = promoted(*dtypes)
-        layer.freeze()
-        return layer
-
-    @classmethod
-    def from_quantized_linear(cls, ql: nn.Module, *, backend: Backend = "auto") -> MarlinLinear:
-        """Load an `mlx.nn.QuantizedLinear` exactly, in the format of its mode
-        (`layers.interop`: affine -> integer codes with a GroupBias; mxfp4, nvfp4, mxfp8 ->
-        E2M1/E4M3 codes with E8M0/E4M3 scales). The arrays are transposed on the device and
-        validated once."""
-        layer = cls.from_packed(packed_from_quantized(ql), ql.get("bias"), backend=backend)
-        dtypes = [a.dtype for a in (ql.get("scales"), ql.get("bias"))
-                  if isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.floating)]
-        if dtypes:  # quantized_matmul promotes x with float scales (E8M0/E4M3 codes: x's dtype)
-            layer.source_dtype = promoted(*dtypes)
-        return layer
 
     def to_packed(self) -> PackedWeights:
         """The packed weight as numpy arrays in the linear layout (copies), as

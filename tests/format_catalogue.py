@@ -2,7 +2,8 @@
 tests that hold the two validators (numpy `marlin_dsl.validate`, MLX `validate_mx`) to one
 verdict (tests/test_validators_agree.py, tests/test_fuzz.py).
 
-The formats: the built-in ones, those the examples declare, MLX's own quantised modes
+The formats: the built-in ones, those the examples declare, the kernel formats of the
+checkpoint catalogue (GGUF, GPTQ, AWQ, bitsandbytes), MLX's own quantised modes
 (`mlx_format`: affine 2-8 bits x groups 32/64/128 x f16/bf16/f32 scales and biases; mxfp4,
 nvfp4, mxfp8), and a few declared here so that every storage type of a parameter array
 meets every sign rule (`ParamArray.sign`) at least once: f16 zero points, bf16/f32/E8M0/E4M3
@@ -17,7 +18,6 @@ NaN in u8) is no corruption of that array. `expected` is the verdict `validate` 
 from __future__ import annotations
 
 from functools import lru_cache
-from math import lcm
 from pathlib import Path
 
 import mlx.core as mx
@@ -74,7 +74,17 @@ def catalogue() -> dict[str, Format]:
     out["mlx-mxfp8"] = mlx_format("mxfp8", 8, 32)
     for fmt in _declared():
         out[f"declared-{fmt.name}"] = fmt
+    for cf in checkpoint_formats():
+        out[f"checkpoint-{cf.name}"] = cf.format
     return out
+
+
+def checkpoint_formats() -> list:
+    """The kernel formats of the checkpoint catalogue (formats/checkpoint/catalog.py)."""
+    from marlin_dsl.formats.checkpoint import GGUF_TYPES, awq, bnb, gguf_format, gptq
+
+    return [*(gguf_format(t) for t in sorted(GGUF_TYPES)), gptq(4, 128, 1), gptq(8, 128, 1), gptq(4, 32, 2),
+            awq(4, 128), bnb("nf4"), bnb("fp4")]
 
 
 def validation_outcome(fn) -> str | None:
@@ -90,8 +100,7 @@ def validation_outcome(fn) -> str | None:
 def shape_for(fmt: Format) -> tuple[int, int]:
     """A small [K, N] the format holds with at least two groups (rows) where it has groups; N
     not a multiple of 32 (a partial column block of a block-pattern format)."""
-    g = fmt.scale.group_size
-    base = fmt.k_granule if g == PER_COLUMN else lcm(fmt.k_granule, int(g))
+    base = fmt.k_multiple
     return max(2 * base, 128 // base * base), 40
 
 

@@ -54,7 +54,9 @@ def _shapes(fmt: md.Format) -> list[tuple[int, int, int]]:
     """(M, N, K): M = 33 (one 64-row tile, mostly rows past M), 65, 129, 257 (a row past
     whole tiles); N tails (not multiples of 128); K tails where the group allows."""
     k_tail = _k_tail(fmt)
-    return [(33, 200, k_tail), (65, 136, 256), (129, 72, k_tail), (257, 40, 384)]
+    step = fmt.k_multiple  # a super-block (GGUF k-quants: 256) allows no shorter K
+    return [(m, n, -(-k // step) * step) for m, n, k in ((33, 200, k_tail), (65, 136, 256), (129, 72, k_tail),
+                                                         (257, 40, 384))]
 
 
 def _problem(kernel: Kernel, fmt: md.Format, m: int, n: int, k: int, seed: int):

@@ -54,7 +54,8 @@ EXAMPLE_FORMATS = _example_formats()
 #: (tests/test_metal_stream_widths.py); the N:M formats (2:4, 4:8 of pairs), which Metal's lanes
 #: scatter themselves, in tests/test_metal_stream_sparse.py. No example format is refused now.
 STREAMED = ["fp4_g128", "uint4_zp_g128", "int4_g64", "int4_two_level_g64", "fp4_two_level_g32",
-            "int3_zp", "fp4_blocks_g128", "fp4"]  # fp4: the built-in examples/fused_mlp.py uses
+            "int3_zp", "fp4_blocks_g128", "fp4",  # fp4: the built-in examples/fused_mlp.py uses
+            "gguf_q4_k", "gguf_q6_k", "gptq_v1_4bit_g128", "awq_4bit_g128"]  # examples/checkpoint_formats.py
 REFUSED: dict[str, str] = {}
 BUILTIN = ["fp4", "int4", "uint4_zp", "nf4"]
 
@@ -148,7 +149,8 @@ def _shapes(fmt: md.Format, m_tuned: int) -> list[tuple[int, int, int]]:
     unit = 128 if g == "K" else int(g)
     k_tail = 3 * unit if 128 % (3 * unit) else 5 * unit  # 96, 192 or 384 (g = 128: whole vectors)
     ms = (1, 3, 65, 129) if m_tuned == 1 else (65, 129)
-    return [(m, n, k) for m, n, k in zip(ms, (40, 136, 24, 8), (256, k_tail, 128, k_tail))]
+    step = fmt.k_multiple  # a super-block (GGUF k-quants: 256) allows no shorter K
+    return [(m, n, -(-k // step) * step) for m, n, k in zip(ms, (40, 136, 24, 8), (256, k_tail, 128, k_tail))]
 
 
 def case_kernel(name: str, act: str, m: int):

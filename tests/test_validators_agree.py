@@ -42,10 +42,10 @@ def test_the_catalogue_covers_every_storage_type_and_sign_rule() -> None:
     for storage in ("f16", "bf16", "f32"):
         assert {(storage, sign) for sign in ("positive", "any")} <= pairs, storage
     assert {("f16", "non_negative"), ("e8m0", "positive"), ("e8m0", "non_negative"), ("e4m3", "positive"),
-            ("e4m3", "non_negative"), ("u8", "positive"), ("u8", "any")} <= pairs
+            ("e4m3", "non_negative"), ("u8", "positive"), ("u8", "any"), ("i8", "any")} <= pairs
     names = set(catalogue())
     assert {f"builtin-{n}" for n in md.BUILTIN_FORMATS} <= names
-    assert len([n for n in names if n.startswith("example-")]) == 11
+    assert len([n for n in names if n.startswith("example-")]) == 15
     assert len([n for n in names if n.startswith("mlx-affine")]) == 6 * 3 * 3
 
 

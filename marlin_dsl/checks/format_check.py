@@ -7,7 +7,6 @@ reloads the arrays as a user loading them from disk would.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import lcm
 
 import numpy as np
 
@@ -23,7 +22,6 @@ from ..formats import (
     unpack,
     validate,
 )
-from ..formats.scaling import PER_COLUMN
 
 
 @dataclass
@@ -85,8 +83,7 @@ def format_weights(fmt: Format, k: int, n: int, rng: np.random.Generator) -> np.
 
 def verify_format(fmt: Format, rng: np.random.Generator, n: int = 65, m: int = 3) -> FormatCheck:
     """Quantise, prune, pack, reload and compare one format on a small random problem."""
-    g = fmt.scale.group_size
-    k = 2 * (fmt.k_granule if g == PER_COLUMN else lcm(fmt.k_granule, int(g)))
+    k = 2 * fmt.k_multiple
     w = format_weights(fmt, k, n, rng)
     result = FormatCheck(fmt, (k, n))
     q = quantize(fmt, w)

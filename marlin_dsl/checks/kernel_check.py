@@ -9,7 +9,6 @@ import numpy as np
 
 from ..formats.evaluate import dequantize
 from ..formats.pack_weights import pack
-from ..formats.scaling import PER_COLUMN
 from ..formats.tensors import PackedWeights
 from ..ir import Kernel
 from ..ir.interpret import run_kernel
@@ -55,8 +54,7 @@ def check_shapes(gemm: Gemm) -> list[tuple[int, int, int]]:
     (scale group, code) pairs, as every weight of one pair rounds alike, to resolve a 0.05%
     decode error in bf16), K two steps of the smallest K the format and schedule both accept."""
     fmt, s = gemm.format, gemm.schedule
-    g = fmt.scale.group_size
-    k_unit = lcm(fmt.k_granule, s.tile_k) if g == PER_COLUMN else lcm(fmt.k_granule, s.tile_k, int(g))
+    k_unit = lcm(fmt.k_multiple, s.tile_k)
     k = 2 * k_unit
     if gemm.outputs:  # N is the parts' widths together
         n = sum(gemm.outputs)

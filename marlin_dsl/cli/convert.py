@@ -95,6 +95,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from ..models.directory import check_source, convert_directory
     from ..models.mlx_lm_env import require_mlx_lm
 
+    if _quantized_checkpoint(args.src):
+        return _import_checkpoint(args)
     choice, origin = parse_format_rules(args.format, spec_formats(args.spec), args.skip)
     check_group_size(args.group_size, choice)
     require_mlx_lm("marlin-dsl convert")
@@ -124,6 +126,62 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _quantized_checkpoint(src: Path) -> bool:
+    """SRC is a .gguf file or a model directory with a GPTQ / AWQ quantization_config."""
+    import json
+
+    if src.suffix == ".gguf":
+        return True
+    config = src / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return "quantization_config" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _import_checkpoint(args: argparse.Namespace) -> int:
+    """SRC's quantised layers loaded bit for bit in their own checkpoint formats
+    (models/imports.py); --format and friends do not apply."""
+    import time
+
+    from ..models.checkpoint import save_model
+    from ..models.destination import check_destination, check_not_inside
+    from ..models.imports import read_gguf, read_hf_quantized
+    from ..models.mlx_lm_env import require_mlx_lm
+
+    given = [flag for flag, value in (("--format", args.format), ("--spec", args.spec),
+                                      ("--group-size", args.group_size), ("--skip", args.skip)) if value]
+    if given:
+        raise UsageError(f"{given[0]}: SRC {args.src} is a quantised checkpoint; its layers keep their own "
+                         f"formats, bit for bit (leave out {', '.join(given)})")
+    require_mlx_lm("marlin-dsl convert")
+    if not args.src.exists():
+        raise UsageError(f"SRC: {args.src} does not exist")
+    check_not_inside(args.dst, args.src if args.src.is_dir() else args.src.parent, "DST")
+    check_destination(args.dst, args.overwrite, "DST", "--overwrite")
+    start = time.perf_counter()
+    if args.src.suffix == ".gguf":
+        model, config = read_gguf(args.src, backend=args.backend)
+        source_dir = None
+    else:
+        model, config = read_hf_quantized(args.src, backend=args.backend)
+        source_dir = args.src
+    save_model(model, args.dst, config, source_dir=source_dir, overwrite=args.overwrite)
+    from ..nn import MarlinLinear
+
+    counts: dict[str, int] = {}
+    for _, module in model.named_modules():
+        if isinstance(module, MarlinLinear):
+            counts[module.format.name] = counts.get(module.format.name, 0) + 1
+    summary = ", ".join(f"{c} x {name}" for name, c in sorted(counts.items()))
+    print(f"imported {sum(counts.values())} quantised linear layers ({summary}) bit for bit in "
+          f"{time.perf_counter() - start:.1f} s")
+    print(f"wrote {args.dst}")
+    return EXIT_OK
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """The `convert` subcommand."""
     convert = sub.add_parser(
@@ -136,7 +194,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "done, 1 written but some layers left unconverted (their shape does not fit the "
                     "format), 2 usage (unknown format, a pattern that matches no layer, DST not empty), "
                     "3 bad input (the source, its weights), 4 mlx-lm missing.")
-    convert.add_argument("src", type=Path, metavar="SRC", help="the source model directory")
+    convert.add_argument("src", type=Path, metavar="SRC",
+                         help="the source model directory, or a quantised checkpoint: a llama .gguf file "
+                              "or a directory with a GPTQ / AWQ quantization_config (loaded bit for bit)")
     convert.add_argument("dst", type=Path, metavar="DST",
                          help="where to write the converted model (absent or empty, or --overwrite)")
     convert.add_argument("--format", action="append", metavar="[PATTERN=]NAME",

@@ -170,6 +170,14 @@ class Format:
             return lcm(per_group, sp.block_k)
         return per_group
 
+    @property
+    def k_multiple(self) -> int:
+        """K must be a multiple of this: the K granule, the scale group and the scheme's
+        super-block (`Scaling.k_step`), where there are."""
+        steps = [self.k_granule] + [int(s) for s in (self.scale.group_size, self.scaling.k_step())
+                                    if s != PER_COLUMN]
+        return lcm(*steps)
+
     def group_size_for(self, k: int) -> int:
         return self.scale.size_for(k)
 
@@ -193,6 +201,11 @@ class Format:
             raise ShapeError(
                 f"{argument}: group_size {g} of format {self.name!r} does not divide K={k}"
             )
+        step = self.scaling.k_step()
+        if step != g and k % int(step):
+            raise ShapeError(
+                f"{argument}: K={k} is not a multiple of format {self.name!r}'s super-block of "
+                f"{step} K positions")
 
     def buffers(self, k: int, n: int) -> list[BufferSpec]:
         """The arrays a packed [K, N] weight consists of, in a fixed order."""

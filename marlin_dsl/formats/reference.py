@@ -48,7 +48,7 @@ def parameters_f64(weights: QuantizedWeights, rows: slice | int = slice(None)) -
     per-group ones; of the per-column ones ([1, N]) the whole array, or its row for an int."""
     out = {}
     for spec in weights.format.scaling.arrays():
-        own = rows if spec.per_group or not isinstance(rows, int) else 0
+        own = spec.row_of(rows) if isinstance(rows, int) else rows
         out[spec.name] = spec.storage.to_float64(weights.parameter(spec.name)[own])
     return out
 

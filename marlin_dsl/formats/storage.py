@@ -63,6 +63,8 @@ class StorageType:
     minifloat: tuple[int, int, int, bool, tuple[int, ...]] | None = None
     #: E8M0 has no mantissa and no subnormals: code e is 2**(e - 127); 255 is NaN
     power_of_two: bool = False
+    #: an 8-bit two's complement integer, held as its uint8 bits (code c is c or c - 256)
+    twos_complement: bool = False
 
     @cached_property
     def table(self) -> np.ndarray | None:
@@ -73,6 +75,8 @@ class StorageType:
             return values
         if self.minifloat is not None:
             return _minifloat_table(*self.minifloat)
+        if self.twos_complement:
+            return np.arange(256, dtype=np.int64).astype(np.int8).astype(np.float64)
         return None
 
     @property
@@ -157,6 +161,9 @@ STORAGE_TYPES: dict[str, StorageType] = {t.name: t for t in (
     StorageType("bf16", np.dtype(np.uint16), "bfloat16", "bf16", "bfloat16 (numpy: its uint16 bits)"),
     StorageType("f32", np.dtype(np.float32), "float32", "f32", "IEEE fp32"),
     StorageType("u8", np.dtype(np.uint8), "uint8", "u8", "unsigned 8-bit integer"),
+    StorageType("i8", np.dtype(np.uint8), "uint8", "u8",
+                "signed 8-bit integer (two's complement; numpy and MLX: its uint8 bits)",
+                twos_complement=True),
     StorageType("e8m0", np.dtype(np.uint8), "uint8", "u8",
                 "E8M0 power of two 2**(e - 127) (OCP microscaling scale)", power_of_two=True),
     StorageType("e4m3", np.dtype(np.uint8), "uint8", "u8",

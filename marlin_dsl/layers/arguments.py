@@ -3,6 +3,8 @@ packed weights), and the packed weights put on the device once per PackedWeights
 Kept apart from nn.py, which holds the layer itself."""
 from __future__ import annotations
 
+from typing import Literal
+
 import mlx.core as mx
 import numpy as np
 
@@ -16,6 +18,9 @@ from .weights import to_layout
 
 #: The activation dtypes the layers take.
 FLOAT_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+
+#: The backends a layer may run on (marlin_dsl.nn.select_backend).
+Backend = Literal["auto", "metal", "cuda", "mlx"]
 
 
 def first_non_finite(a: mx.array) -> tuple[int, ...] | None:

@@ -18,6 +18,8 @@ target's layout.
       "fused_blocks": ["model.layers.0.mlp", ...]      # optional (models/fused_block.py)
     }
 
+"input_order": true marks a layer with an act-order input permutation (GPTQ's g_idx,
+`MarlinLinear.from_checkpoint`), saved as its `input_order` parameter.
 "dtype" (optional) is the layer's `source_dtype`: what the layer it replaced computed in. A
 fused group (models/fuse.py) is one layer, listed at `<parent>.<part>__<part>.layer`.
 "fused_blocks" lists the MLPs whose epilogues run in the kernels (models/fused_block.py); their
@@ -75,6 +77,8 @@ def marlin_section(model: nn.Module) -> dict[str, Any]:
             entry: dict[str, Any] = {"format": texts.index(text), "bias": "bias" in module}
             if module.source_dtype is not None:
                 entry["dtype"] = dtype_name(module.source_dtype)
+            if "input_order" in module:
+                entry["input_order"] = True
             layers[path] = entry
         elif isinstance(module, FusedLinear):
             parent, _, name = path.rpartition(".")

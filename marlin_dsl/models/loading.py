@@ -61,6 +61,9 @@ def _dims(module: object, path: str) -> tuple[int, int]:
 def _placeholder(fmt: Format, k: int, n: int, entry: dict, backend: Backend) -> MarlinLinear:
     layer = MarlinLinear.placeholder(fmt, k, n, bias=bool(entry.get("bias")), backend=backend)
     layer.source_dtype = entry.get("dtype")
+    if entry.get("input_order"):  # an act-order layer (MarlinLinear.from_checkpoint)
+        layer.input_order = mx.zeros((k,), dtype=mx.uint32)
+        layer.freeze()
     return layer
 
 

@@ -11,12 +11,13 @@ from .affine import GroupAffine
 from .parts import (BIAS_DTYPES, PER_COLUMN, SCALE_DTYPES, ZERO_POINT_DTYPES, GroupBias, Grouping,
                     GroupScale, ZeroPoint)
 from .scheme import Affine, GroupChoice, ParamArray, Scaling, parameter_table_name
+from .super_block import SuperBlockScale
 from .two_level import TwoLevelScale
 
 #: Schemes declared in place of a GroupScale (`Format(name, element, TwoLevelScale(...))`),
 #: by their kind in the textual form (`scale two_level(...)`).
-SCALE_SCHEMES: dict[str, type[Scaling]] = {cls.text_kind: cls for cls in (TwoLevelScale,)}
+SCALE_SCHEMES: dict[str, type[Scaling]] = {cls.text_kind: cls for cls in (TwoLevelScale, SuperBlockScale)}
 
 __all__ = ["Affine", "BIAS_DTYPES", "GroupAffine", "GroupBias", "GroupChoice", "GroupScale", "Grouping",
-           "PER_COLUMN", "ParamArray", "SCALE_DTYPES", "SCALE_SCHEMES", "Scaling", "TwoLevelScale",
+           "PER_COLUMN", "ParamArray", "SCALE_DTYPES", "SCALE_SCHEMES", "Scaling", "SuperBlockScale", "TwoLevelScale",
            "ZERO_POINT_DTYPES", "ZeroPoint", "parameter_table_name"]

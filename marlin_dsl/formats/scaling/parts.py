@@ -60,6 +60,10 @@ class Grouping:
         """K positions per group for a weight with K rows."""
         return k if self.group_size == PER_COLUMN else int(self.group_size)
 
+    def k_step(self) -> int | Literal["K"]:
+        """K must be a multiple of this (the group, or a super-block of groups)."""
+        return self.group_size
+
     def covers(self, span: int) -> bool:
         """True when every group holds whole runs of `span` consecutive K positions."""
         return self.group_size == PER_COLUMN or int(self.group_size) % span == 0

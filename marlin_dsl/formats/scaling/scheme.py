@@ -68,9 +68,15 @@ class ParamArray:
     #: validation of loaded values: "positive" (> 0), "non_negative" (>= 0: a 0 is the
     #: declared encoding of an all-zero group, `GroupScale.zero`) or "any"
     sign: Literal["positive", "non_negative", "any"] = "positive"
+    #: per-group arrays: one row per this many groups (a super-block's parameters, [K/S, N])
+    super_groups: int = 1
 
     def rows(self, scaling: Grouping, k: int) -> int:
-        return scaling.groups(k) if self.per_group else 1
+        return scaling.groups(k) // self.super_groups if self.per_group else 1
+
+    def row_of(self, group: int) -> int:
+        """The row holding group `group`'s parameter."""
+        return group // self.super_groups if self.per_group else 0
 
     def sign_ok(self, values: Any) -> Any:
         """Elementwise: the decoded `values` (numpy or MLX) have the sign `sign` admits; None

@@ -8,14 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 from fractions import Fraction
-from math import lcm
 from pathlib import Path
 
 from .printer import DIMS_NAME, MetalSource, print_metal
 from ..._version import __version__
 from ...compiler import CompiledGemm
 from ...formats import Format
-from ...formats.scaling import PER_COLUMN
 from ...formats.text import format_to_text
 from ...ir.text import print_kernel
 from ...layouts.weight_stream import stream_layout
@@ -28,9 +26,8 @@ BODY_END = "// ---- marlin-dsl: body end ----\n"
 
 
 def k_multiple(fmt: Format) -> int:
-    """K must be a multiple of this for the format (its granule and its scale group)."""
-    g = fmt.scale.group_size
-    return fmt.k_granule if g == PER_COLUMN else lcm(fmt.k_granule, int(g))
+    """K must be a multiple of this for the format (its granule, scale group, super-block)."""
+    return fmt.k_multiple
 
 
 def buffer_shapes(fmt: Format) -> dict[str, str]:
