@@ -76,6 +76,15 @@ def kernels() -> Iterator[tuple[str, object, object]]:
                 except ScheduleError:
                     continue
                 yield _gemm_kernel(compile_gemm, TARGETS["cuda"], Gemm(f"{fname}_{s.name}_{act}", fmt, s, act))
+        # GGUF k-quants and Q4_0 (issue 36): groups shorter than a K vector, scaled per run of
+        # the MMA's sums on CUDA, Q4_K's mins added through an MMA of ones
+        from marlin_dsl.formats.checkpoint import gguf_format
+
+        for type_name in ("Q4_0", "Q4_K", "Q6_K"):
+            fmt = gguf_format(type_name).format
+            for m in (1, 16):
+                s = tuned_schedule(fmt, m, TARGETS["cuda"], 4096, 4096)
+                yield _gemm_kernel(compile_gemm, TARGETS["cuda"], Gemm(f"{fmt.name}_{s.name}_m{m}_f16", fmt, s, "f16"))
         for tname in ("cuda", "metal"):
             for method in ("top2", "mvue", "soft_threshold"):
                 for axis in (0, 1):

@@ -43,6 +43,9 @@ def f32_decode(factor: float | None) -> Iterator[None]:
     mp = pytest.MonkeyPatch()
     mp.setattr(group_params, "compute_type", lambda fmt, activation: F32)
     mp.setattr(pair_decode, "bf16_split_exact", lambda fmt: False)
+    # f32 parameters no longer mean per-weight scaling (the sums path takes f16 codes whatever
+    # the parameters' type, issue 36): keep every weight decoded and scaled one by one
+    mp.setattr(pair_decode.PairDecoder, "sums_scalable", property(lambda self: False))
     if factor is not None:
         plain = UnitDecoder.decode
 

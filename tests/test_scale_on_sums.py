@@ -74,3 +74,61 @@ def test_fragment_words_read_from_vector():
     """B fragments from a vload of halves print as words of the vector (no repacking)."""
     text = emit(_kernel("fp4", 1), CUDA).body
     assert "mdsl::vec_word<0>(" in text and "mdsl::pack2(" not in text
+
+
+# ----- issue 36: groups shorter than a K vector, and a bias per group ---------------------------
+
+def _checkpoint_kernel(type_name: str, m: int = 1, target=CUDA):
+    from marlin_dsl.formats.checkpoint import gguf_format
+
+    fmt = gguf_format(type_name).format
+    gemm = Gemm("g", fmt, tuned_schedule(fmt, m, CUDA, 4096, 4096))
+    return gemm, compile_gemm(gemm, target).kernel
+
+
+def _ones_mmas(kernel) -> int:
+    """MMAs whose A fragment is built of constant pairs (the sums of x a group bias needs)."""
+    made = {r: op for op in kernel.walk() for r in op.results}
+
+    def constant_pairs(v) -> bool:
+        op = made.get(v)
+        return op is not None and op.name == "vec" and all(
+            made.get(o) is not None and made[o].name == "const" for o in op.operands)
+
+    return sum(1 for op in kernel.walk() if op.name == "mma" and made.get(op.operands[0]) is not None
+               and made[op.operands[0]].name == "frag_build"
+               and all(constant_pairs(o) for o in made[op.operands[0]].operands))
+
+
+def test_a_vector_that_splits_a_group_keeps_per_weight_scales():
+    """Q5_K on CUDA: 5-bit codes make 48-position K vectors, which do not hold whole groups
+    of 32, so each weight is scaled as before."""
+    _, kernel = _checkpoint_kernel("Q5_K")
+    assert _accumulator_builds(kernel) == 0 and _ones_mmas(kernel) == 0
+
+
+@pytest.mark.parametrize("type_name,bias", [("Q4_K", True), ("Q6_K", False), ("Q4_0", False)])
+def test_group_runs_and_group_biases_apply_to_sums(type_name, bias):
+    """Groups of 16 or 32 inside a 64- (or 32-) position K vector are scaled run by run on
+    CUDA (`Target.scale_group_runs`); SuperBlockScale's - dmin * m adds through an MMA of ones.
+    No weight is scaled: the pair decode is the magic-number subtract only."""
+    gemm, kernel = _checkpoint_kernel(type_name)
+    assert _accumulator_builds(kernel) > 0
+    assert (_ones_mmas(kernel) > 0) == bias
+    pair_muls = [op for op in kernel.walk() if op.name == "mul" and getattr(op.result.type, "size", 1) == 2]
+    assert pair_muls == []
+    rng = np.random.default_rng(36)
+    for shape in check_shapes(gemm):
+        result = check_kernel(gemm, kernel, shape, rng)
+        assert result.ok, (type_name, shape, result)
+
+
+def test_metal_keeps_per_weight_scales_for_short_groups():
+    """Metal has not measured the run-by-run scaling (`Target.scale_group_runs` off)."""
+    from marlin_dsl.formats.checkpoint import gguf_format
+    from marlin_dsl.machine import METAL
+    from marlin_dsl.targets.metal.tuning import tuned_schedule as metal_schedule
+
+    fmt = gguf_format("Q4_K").format
+    kernel = compile_gemm(Gemm("g", fmt, metal_schedule(fmt, 1)), METAL).kernel
+    assert _accumulator_builds(kernel) == 0 and _ones_mmas(kernel) == 0

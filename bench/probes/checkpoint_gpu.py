@@ -175,6 +175,9 @@ def main() -> int:
     p.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096")
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--backend", default="cuda")
+    p.add_argument("--ms", default="", help="checks at these M (with --acts) instead of the full set")
+    p.add_argument("--acts", default="f16")
+    p.add_argument("--tag", default="", help="suffix of the result file")
     a = p.parse_args()
     global BACKEND
     BACKEND = a.backend
@@ -185,6 +188,8 @@ def main() -> int:
     if a.check:
         if a.quick:
             rows = checks([1, 33, 65], [(512, 264)], ["f16"])
+        elif a.ms:
+            rows = checks([int(m) for m in a.ms.split(",")], [(512, 264), (4096, 1032)], a.acts.split(","))
         else:
             rows = checks([1, 3, 16, 33, 65, 256], [(512, 264), (4096, 1032)], ["f16", "bf16"])
         result["checks"] = rows
@@ -194,7 +199,7 @@ def main() -> int:
         shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")]
         result["times"] = times(a.rounds, a.calls, ["fp16", "mlx_4bit", "fp4", "gguf_q4_k", "gguf_q6_k", "gguf_q4_0",
                                                     "gguf_q8_0", "gptq_g128", "gptq_g128_act", "awq_g128", "bnb_nf4"], shapes)
-    name = "checkpoint_gpu" + ("_quick" if a.quick else "") + ".json"
+    name = "checkpoint_gpu" + ("_quick" if a.quick else "") + a.tag + ".json"
     (a.out / name).write_text(json.dumps(result, indent=1) + "\n")
     return 0 if ok else 1
 

@@ -79,8 +79,11 @@ class PairDecoder:
         #: the pair type's float fields (its exponent bias sets a float code's rebias)
         self.fields = "bf16" if activation == BF16 else "f16"
         self.targets = float_targets(enc, self.fields) if isinstance(enc, FloatEncoding) else None
-        f16_pairs = self.scalar.ctype == F16 == activation and (
+        #: every code decodes exactly as an f16 pair (what the sums' scaling needs, whatever
+        #: the compute type of the parameters: they are applied to the MMA's f32 sums)
+        self.f16_codes = activation == F16 and (
             self.targets is not None or (isinstance(enc, IntEncoding) and enc.bits <= 10))
+        f16_pairs = self.f16_codes and self.scalar.ctype == F16
         #: bf16 pairs of float or integer codes, each pair times its f32 scale rounded once in
         #: bf16 arithmetic (`scheme.mul_rounded_once`): exact where every code value and the
         #: low part of every scale together have at most bf16's 8 significant bits
@@ -89,8 +92,8 @@ class PairDecoder:
         self.vector = f16_pairs or self.split
         #: the pair type's mantissa bits (integer codes go under it)
         self.mantissa = FLOAT_FIELDS[self.fields][1]
-        self.magic = (magic_shifts(placement, self.mantissa) if self.vector and isinstance(enc, IntEncoding)
-                      else None)
+        self.magic = (magic_shifts(placement, self.mantissa)
+                      if (self.vector or self.f16_codes) and isinstance(enc, IntEncoding) else None)
         self.pair_type = VectorType(activation, 2)
 
     def splat(self, x: Value) -> Value:
@@ -169,8 +172,9 @@ class PairDecoder:
     @property
     def sums_scalable(self) -> bool:
         """Pairs may be decoded `unscaled`, their scale applied to the MMA's sums: f16 pairs
-        (bf16 ones would hand the MMA a float code's raw bits, subnormal bf16 numbers)."""
-        return self.vector and not self.split
+        (bf16 ones would hand the MMA a float code's raw bits, subnormal bf16 numbers), also
+        where the parameters' own compute type is f32 (SuperBlockScale)."""
+        return self.f16_codes and not self.split
 
     @property
     def rebias(self) -> float:

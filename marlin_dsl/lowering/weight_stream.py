@@ -49,6 +49,9 @@ class WeightStreamLowering(StreamFamily, RingFetch, ActivationTranspose, KWarpRe
         # weight pair (16 per lane-step); with more than two M tiles per warp the FMAs cost more.
         self.scale_sums = self.sums_scalable() and self.msub <= 2
         self.rebias_at_end = self.scale_sums  # one multiply per output, not 2 per step
+        g = self.fmt.scale.group_size
+        if self.scale_sums and g != "K" and int(g) % self.layout.dense_chunk:
+            self.sum_run = self.group_runs()  # groups shorter than a vector: scale each run
 
     def lower(self) -> Kernel:
         s, p = self.s, self.pipeline
@@ -135,6 +138,15 @@ class WeightStreamLowering(StreamFamily, RingFetch, ActivationTranspose, KWarpRe
     def weight_layout(self) -> str:
         """The physical weight layout the kernel reads (chosen at pack time)."""
         return layout_name(self.target)
+
+    def group_runs(self) -> int | None:
+        """K tiles per scale group where groups shorter than a vector cover whole K tiles
+        (`tiles_per_group`), for scaling the sums per group run; else None."""
+        g, tile, chunk = self.fmt.scale.group_size, self.tile_k_dense, self.layout.dense_chunk
+        if (not self.target.scale_group_runs or self.sparse or self.layout.scatter is not None
+                or g == "K" or int(g) % tile or chunk % int(g) or int(g) >= chunk):
+            return None  # (sparse and scattered layouts keep whole-vector groups)
+        return int(g) // tile
 
     def tiles_per_group(self) -> int:
         """K tiles of a vector that lie in one scale group: groups smaller than a vector that

@@ -127,6 +127,10 @@ class Target:
     #: share them out unevenly (`warp_roles` regs); 0 where the target does not say
     registers_per_block: int = 0
     max_registers: int = 255
+    #: the weight stream scales its MMA sums per scale group also where groups are shorter
+    #: than a K vector (and adds a group bias through an MMA of ones): on where measured
+    #: (CUDA on the H200, bench/results/issue36_h200_2026-11-29); off elsewhere
+    scale_group_runs: bool = False
 
     def shared_limit(self, warpgroup: bool = False) -> int:
         """Shared memory one threadgroup may use (kernels with the warpgroup MMA: its own)."""

@@ -194,6 +194,16 @@ class Scaling(Grouping):
         of every weight (`emit_unscaled`, `emit_scale`)."""
         return False
 
+    def bias_factors_out(self) -> bool:
+        """True when a weight is (t - zero) * scale + bias with one scale and one bias per
+        (group, column): a group's sum_k x_k w_k is then scale * sum_k x_k (t_k - zero) + bias *
+        sum_k x_k, and a kernel may apply both to the MMA's sums (`emit_scale`, `emit_bias`)."""
+        return False
+
+    def emit_bias(self, b: Builder, params: Sequence[Value]) -> Value:
+        """The group's bias (in the loaded compute type) when `bias_factors_out`."""
+        raise NotImplementedError(f"{type(self).__name__}: the bias does not factor out")
+
     def emit_zero(self, params: Sequence[Value]) -> Value | None:
         """The zero point subtracted before `emit_scale`'s factor (None: there is none), when
         `scale_factors_out`."""

@@ -174,6 +174,12 @@ class SuperBlockScale(Scaling):
     def scale_factors_out(self) -> bool:
         return self.mins == "none"
 
+    def bias_factors_out(self) -> bool:
+        return self.mins != "none"  # - dmin * m, one per (group, column)
+
+    def emit_bias(self, b: Builder, params: Sequence[Value]) -> Value:
+        return params[1]
+
     def emit_zero(self, params: Sequence[Value]) -> Value | None:
         return None
 

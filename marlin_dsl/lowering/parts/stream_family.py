@@ -67,6 +67,9 @@ class StreamFamily(ScatterFragments):
         #: the decode's rebias (a power of two) is left out of the sums' factors; the pipeline
         #: applies it once to the final sums (exact: scaling by 2**e commutes with rounding)
         self.rebias_at_end = False
+        #: K tiles of a vector whose sums one scale multiplies (a group's run): the whole step
+        #: unless the lowering sets groups shorter than a vector (`group_runs`)
+        self.sum_run: int | None = None
         g = self.fmt.scale.group_size
         #: K is a whole number of vector steps: groups cover whole vectors and K is a multiple
         #: of the group size (`Format.check_shape`), so no step reads past K
@@ -106,9 +109,23 @@ class StreamFamily(ScatterFragments):
         in one group (so one step's MMAs sum one group), and each accumulator element's N row
         is one of the lane's A rows (whose scales the lane loads)."""
         g = self.fmt.scale.group_size
-        return (self.pairs.sums_scalable and self.fmt.scaling.scale_factors_out()
-                and (g == "K" or int(g) % self.layout.dense_chunk == 0)
+        scaling = self.fmt.scaling
+        # A bias per group (SuperBlockScale's mins) adds bias * (the group's sum of x): an MMA
+        # of a ones fragment, here only for dense unscattered layouts.
+        factors = scaling.scale_factors_out() or (scaling.bias_factors_out() and not self.sparse
+                                                  and self.layout.scatter is None)
+        # Parameters computed in f32 (SuperBlockScale) take the sums path without a zero point
+        # only: an f16 pair cannot subtract an f32 zero exactly.
+        plain_codes = self.pairs.scalar.ctype == self.act or self.fmt.zero_point is None
+        return (self.pairs.sums_scalable and factors and plain_codes
+                and (g == "K" or int(g) % self.layout.dense_chunk == 0 or self.group_runs() is not None)
                 and self.c_row_base == self.a_row_base and set(self.c_row_off) <= set(self.a_row_off))
+
+    def group_runs(self) -> int | None:
+        """K tiles per scale group where groups are shorter than a vector and each covers whole
+        K tiles of one vector (the sums are then scaled once per group run); None where the
+        pipeline does not scale runs (the default)."""
+        return None
 
     def stream_setup(self, indices: Sequence[str], second: str, warp_tile_hint: str, clamp: bool,
                      warps_n: int | None = None) -> tuple[Value, Value]:
@@ -225,11 +242,17 @@ class StreamFamily(ScatterFragments):
         `more`: further vectors of the step, (words, meta, b_frags_for) each, in the same
         scale group: their MMAs add into the same sums, scaled once."""
         b, lay = self.b, self.layout
+        if self.scale_sums and self.sum_run is not None and self.sum_run < lay.tiles:
+            assert not more, "groups shorter than a vector: one vector a step"
+            return self.mma_group_runs(accs, words, meta, b_frags_for, params_for)
         new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs] if self.scale_sums else list(accs)
+        xsums = self.zero_xsums() if self.scale_sums else None
         for words, meta, b_frags_for in [(words, meta, b_frags_for), *more]:
             caches: list[dict] = [{} for _ in range(self.nsub)]  # scattered: per N tile's vector
             for s_ in range(lay.tiles):
                 b_frags = b_frags_for(s_)
+                if xsums is not None:
+                    xsums = self.add_xsums(xsums, b_frags)
                 for j in range(self.nsub):
                     if lay.scatter is not None:
                         a = self.scatter_fragment(caches[j], words[j], meta[j], s_, params_for(j, s_))
@@ -247,11 +270,67 @@ class StreamFamily(ScatterFragments):
                             new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
         if not self.scale_sums:
             return new
+        return self.flush_sums(accs, new, xsums, params_for, 0)
+
+    def mma_group_runs(self, accs: list[Value], words: list[Value], meta: list[Value],
+                       b_frags_for: Callable[[int], list[Value]],
+                       params_for: Callable[[int, int], dict[int, GroupValues]]) -> list[Value]:
+        """`mma_k_tiles` with scale groups shorter than the vector: each run of `sum_run` K
+        tiles (one group) sums into fresh fragments, then adds them scaled to the accumulators."""
+        b, lay = self.b, self.layout
+        run = self.sum_run
+        assert run is not None and lay.tiles % run == 0
+        out = list(accs)
+        for first in range(0, lay.tiles, run):
+            new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs]
+            xsums = self.zero_xsums()
+            for s_ in range(first, first + run):
+                b_frags = b_frags_for(s_)
+                if xsums is not None:
+                    xsums = self.add_xsums(xsums, b_frags)
+                for j in range(self.nsub):
+                    a = self.a_fragment(words[j], s_, params_for(j, s_))
+                    for mt in range(self.msub):
+                        i = j * self.msub + mt
+                        new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
+            out = self.flush_sums(out, new, xsums, params_for, first)
+        return out
+
+    def zero_xsums(self) -> list[Value] | None:
+        """Per M tile, fresh sums of x over the run's K (a bias per group needs them), or None."""
+        if not self.fmt.scaling.bias_factors_out():
+            return None
+        return [self.b.value("frag_zero", [], self.frag_c, hint="xs") for _ in range(self.msub)]
+
+    def add_xsums(self, xsums: list[Value], b_frags: list[Value]) -> list[Value]:
+        """xsums + (a fragment of ones) x B: every row of the C tile gets sum_k x[m, k]."""
+        b = self.b
+        pair = self.pairs.pair_type
+        one = b.const(1.0, pair.elem)  # type: ignore[attr-defined]
+        ones = b.value("vec", [one, one], pair, hint="one")
+        a = b.value("frag_build", [ones] * (len(self.a_row_off) // 2), self.frag_a, hint="fo")
+        return [b.value("mma", [a, b_frags[mt], xsums[mt]], self.frag_c, hint="xs") for mt in range(self.msub)]
+
+    def flush_sums(self, accs: list[Value], sums: list[Value], xsums: list[Value] | None,
+                   params_for: Callable[[int, int], dict[int, GroupValues]], tile: int) -> list[Value]:
+        """accs + scale * sums (+ bias * xsums) with the parameters of K tile `tile`'s group."""
         out = []
-        for j in range(self.nsub):  # one group per step: the scales of tile 0's rows
-            scales = self.sum_scales(params_for(j, 0))
-            out += [self.add_scaled(accs[j * self.msub + mt], new[j * self.msub + mt], scales)
+        for j in range(self.nsub):
+            params = params_for(j, tile)
+            scales = self.sum_scales(params)
+            biases = self.sum_biases(params) if xsums is not None else None
+            out += [self.add_scaled(accs[j * self.msub + mt], sums[j * self.msub + mt], scales,
+                                    biases, None if xsums is None else xsums[mt])
                     for mt in range(self.msub)]
+        return out
+
+    def sum_biases(self, params: dict[int, GroupValues]) -> dict[int, Value]:
+        """Per A row offset: the f32 bias its group adds per unit of x (`Scaling.emit_bias`)."""
+        b, scaling = self.b, self.fmt.scaling
+        out = {}
+        for off, values in params.items():
+            bias = scaling.emit_bias(b, values)
+            out[off] = bias if bias.type == F32 else b.cast(bias, F32, hint="sb")
         return out
 
     def sum_scales(self, params: dict[int, GroupValues]) -> dict[int, Value]:
@@ -267,16 +346,24 @@ class StreamFamily(ScatterFragments):
             out[off] = scale if rebias == 1.0 else b.binary("mul", scale, b.const(rebias, F32), hint="ss")
         return out
 
-    def add_scaled(self, acc: Value, sums: Value, scales: dict[int, Value]) -> Value:
-        """acc + scale[row] * sums, element by element (each C element's row from the lane table)."""
+    def add_scaled(self, acc: Value, sums: Value, scales: dict[int, Value],
+                   biases: dict[int, Value] | None = None, xsums: Value | None = None) -> Value:
+        """acc + scale[row] * sums (+ bias[row] * xsums), element by element (each C element's
+        row from the lane table)."""
         b = self.b
         vec = VectorType(F32, len(self.c_row_off))
         acc_e = b.value("frag_elems", [acc], vec, hint="ae")
         sum_e = b.value("frag_elems", [sums], vec, hint="se")
-        elems = [b.value("fma", [b.value("extract", [sum_e], F32, {"index": e}, hint="s"),
-                                 scales[off], b.value("extract", [acc_e], F32, {"index": e}, hint="a")],
-                         F32, hint="a")
-                 for e, off in enumerate(self.c_row_off)]
+        xs_e = None if xsums is None else b.value("frag_elems", [xsums], vec, hint="xe")
+        elems = []
+        for e, off in enumerate(self.c_row_off):
+            a = b.value("fma", [b.value("extract", [sum_e], F32, {"index": e}, hint="s"),
+                                scales[off], b.value("extract", [acc_e], F32, {"index": e}, hint="a")],
+                        F32, hint="a")
+            if xs_e is not None and biases is not None:
+                a = b.value("fma", [b.value("extract", [xs_e], F32, {"index": e}, hint="x"), biases[off], a],
+                            F32, hint="a")
+            elems.append(a)
         return b.value("frag_build", elems, self.frag_c, hint="acc")
 
     def a_fragment(self, words: Value, tile: int, params: dict[int, GroupValues]) -> Value:

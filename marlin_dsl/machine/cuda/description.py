@@ -68,4 +68,5 @@ CUDA = Target("cuda", (16, 8, 16), warp_size=32, max_threads=1024, max_shared_by
               warpgroup_b_layout=SwizzledRows(row_bytes=128, atom_rows=8),
               warpgroup_max_shared_bytes=227 * 1024,  # sm_90's opt-in maximum per block
               warpgroup_arch="sm_90a",  # wgmma is not in plain sm_90 (or later) PTX
-              registers_per_block=65536, max_registers=255)  # sm_90: 64K registers per SM
+              registers_per_block=65536, max_registers=255,  # sm_90: 64K registers per SM
+              scale_group_runs=True)
