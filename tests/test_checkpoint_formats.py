@@ -283,6 +283,13 @@ def test_tiny_llama_gguf_q4_k_m(tmp_path) -> None:
     assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-5
     save_model(model, tmp_path / "out", config)
     loaded, _ = load(tmp_path / "out", backend="mlx")
+    from marlin_dsl.cli import main
+
+    assert main(["convert", str(path), str(tmp_path / "cli"), "--backend", "mlx"]) == 0
+    assert np.array_equal(np.array(load(tmp_path / "cli", backend="mlx")[0](TOKENS)), ours)
+    from marlin_dsl.cli import EXIT_USAGE  # a quantised checkpoint keeps its own formats
+
+    assert main(["convert", str(path), str(tmp_path / "cli2"), "--format", "fp4"]) == EXIT_USAGE
     assert np.array_equal(np.array(loaded(TOKENS)), ours)
     from mlx_lm.generate import generate_step
 

@@ -179,6 +179,9 @@ def _import_checkpoint(args: argparse.Namespace) -> int:
     print(f"imported {sum(counts.values())} quantised linear layers ({summary}) bit for bit in "
           f"{time.perf_counter() - start:.1f} s")
     print(f"wrote {args.dst}")
+    if source_dir is None:
+        print("the GGUF file's tokenizer is not converted: for `marlin-dsl generate`, copy the model's "
+              "tokenizer files (tokenizer.json, tokenizer_config.json, ...) into DST")
     return EXIT_OK
 
 
