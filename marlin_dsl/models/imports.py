@@ -22,7 +22,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import MarlinDSLError, ShapeError
-from ..formats.checkpoint import CheckpointFormat, awq, gguf_format, gptq
+from ..formats.checkpoint import CheckpointFormat, Packed, awq, gguf_format, gptq
 from ..formats.reference import dequantize
 from ..nn import Backend, MarlinLinear
 from .mlx_lm_env import require_mlx_lm
@@ -184,14 +184,15 @@ def _trivial_g_idx(tensors: dict[str, np.ndarray], cf: CheckpointFormat) -> np.n
 
 
 def _hf_shape(tensors: dict[str, np.ndarray], cf: CheckpointFormat, prefix: str) -> tuple[int, int]:
-    """(K, N) from qweight and scales ([K*bits/32, N] for GPTQ, [K, N*bits/32] for AWQ)."""
-    if "qweight" not in tensors or "scales" not in tensors:
-        raise ShapeError(f"{prefix}{'qweight' if 'qweight' not in tensors else 'scales'}: missing")
-    q, s = tensors["qweight"], tensors["scales"]
-    n = int(s.shape[-1])
-    per = 32 // cf.format.element.bits
-    k = int(q.shape[0]) * (per if q.shape[1] == n else 1)
-    return k, n
+    """(K, N) from the codes tensor, as its `Words` declaration packs them (GPTQ's qweight
+    [K*bits/32, N] along K, AWQ's [K, N*bits/32] along N)."""
+    codes = next(e for e in cf.tensors if isinstance(e, Packed) and e.into == "codes")
+    q = tensors.get(codes.tensor)
+    if q is None or np.ndim(q) != 2:
+        raise ShapeError(f"{prefix}{codes.tensor}: missing or not a matrix")
+    rows, cols = (int(d) for d in (q.shape[::-1] if codes.words.transposed else q.shape))
+    per = codes.words.per_word
+    return (rows * per, cols) if codes.words.axis == "K" else (rows, cols * per)
 
 
 def _install(model: nn.Module, layers: list[tuple[str, MarlinLinear]], floats: Mapping[str, mx.array],

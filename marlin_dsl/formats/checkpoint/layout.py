@@ -206,9 +206,8 @@ class CheckpointFormat:
             if isinstance(e, Packed):
                 out[e.tensor] = e.words.pack(logical[e.into].astype(np.int64), e.tensor)
             elif isinstance(e, Plain):
-                a = logical[e.into]
-                out[e.tensor] = (a.T.copy() if e.transposed else a.copy()).reshape(-1) if e.flat else \
-                    (a.T.copy() if e.transposed else a.copy())
+                a = np.ascontiguousarray(logical[e.into].T if e.transposed else logical[e.into])
+                out[e.tensor] = a.reshape(-1) if e.flat else a
             elif isinstance(e, Records):
                 out[e.tensor] = _write_records(e, logical, self.format, k, n)
             elif isinstance(e, QuantizedScales):
@@ -250,7 +249,7 @@ def _read_records(e: Records, tensor: object, fmt: Format, k: int, n: int, name:
     if a.dtype != np.uint8 or a.size != n * per_row * e.record.size:
         raise ShapeError(f"{name}: expected {n} x {per_row} records of {e.record.size} bytes "
                          f"({n * per_row * e.record.size} uint8), got {a.dtype} {list(a.shape)}")
-    fields = e.record.read_raw(a.reshape(n, per_row, e.record.size), name)
+    fields = e.record.read(a.reshape(n, per_row, e.record.size), name)
     out = {}
     for field_name, into in e.into:
         values = fields[field_name].reshape(n, -1).T

@@ -121,8 +121,9 @@ class Record:
         return next(f for f in self.fields if f.name == name)
 
     def read(self, records: np.ndarray, name: str) -> dict[str, np.ndarray]:
-        """[..., size] uint8 -> {field: [..., count] values}: Scalars as float64, Bits as the
-        narrowest unsigned type of their width (int32 where signed)."""
+        """[..., size] uint8 -> {field: [..., count] values}: Scalars in their stored float
+        type (f16 stays f16), Bits as the narrowest unsigned type of their width (int32 where
+        signed)."""
         if records.dtype != np.uint8 or records.shape[-1] != self.size:
             raise ShapeError(f"{name}: expected uint8 records of {self.size} bytes, got {records.dtype} "
                              f"{list(records.shape)}")
@@ -131,7 +132,7 @@ class Record:
             if isinstance(f, Scalar):
                 width = SCALAR_TYPES[f.dtype].itemsize
                 raw = np.ascontiguousarray(records[..., f.offset:f.offset + width])
-                out[f.name] = raw.view(SCALAR_TYPES[f.dtype])[..., :1].astype(np.float64)
+                out[f.name] = raw.view(SCALAR_TYPES[f.dtype])
                 continue
             # The narrowest type that holds the values: a weight's codes are many (uint8 for 8 bits).
             kind = np.uint8 if f.width <= 8 else np.uint16 if f.width <= 16 else np.int64
@@ -146,18 +147,8 @@ class Record:
             out[f.name] = values
         return out
 
-    def read_raw(self, records: np.ndarray, name: str) -> dict[str, np.ndarray]:
-        """As `read`, but Scalars as their stored bits' float type (f16 stays f16)."""
-        out = self.read(records, name)
-        for f in self.fields:
-            if isinstance(f, Scalar):
-                width = SCALAR_TYPES[f.dtype].itemsize
-                raw = np.ascontiguousarray(records[..., f.offset:f.offset + width])
-                out[f.name] = raw.view(SCALAR_TYPES[f.dtype])
-        return out
-
     def write(self, values: dict[str, np.ndarray]) -> np.ndarray:
-        """{field: [..., count]} -> [..., size] uint8 records (the inverse of `read_raw`)."""
+        """{field: [..., count]} -> [..., size] uint8 records (the inverse of `read`)."""
         lead = next(iter(values.values())).shape[:-1]
         records = np.zeros(lead + (self.size,), dtype=np.uint8)
         for f in self.fields:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 import numpy as np
 
 from ...errors import FormatError, SourceLocation
+from ...ir.types import F32
 from ...source import caller_location
 from ..storage import STORAGE_TYPES
 from .parts import check_dtype, check_group_size
@@ -149,7 +150,6 @@ class SuperBlockScale(Scaling):
 
     def emit_load(self, b: Builder, group: Value, col: Value, n_cols: Value, pred: Value | None,
                   ctype: ScalarType, prefix: str = "") -> tuple[Value, ...]:
-        from ...ir.types import F32
         arrays = {a.name: a for a in self.arrays()}
         gidx = flat_index(b, group, col, n_cols)
         sidx = flat_index(b, b.binary("div", group, self.factor, hint="sb"), col, n_cols)

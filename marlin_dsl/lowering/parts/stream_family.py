@@ -242,11 +242,15 @@ class StreamFamily(ScatterFragments):
         `more`: further vectors of the step, (words, meta, b_frags_for) each, in the same
         scale group: their MMAs add into the same sums, scaled once."""
         b, lay = self.b, self.layout
-        if self.scale_sums and self.sum_run is not None and self.sum_run < lay.tiles:
-            assert not more, "groups shorter than a vector: one vector a step"
-            return self.mma_group_runs(accs, words, meta, b_frags_for, params_for)
-        new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs] if self.scale_sums else list(accs)
-        xsums = self.zero_xsums() if self.scale_sums else None
+        # Scale groups shorter than the vector (`sum_run` K tiles each): the sums of each run
+        # are scaled into the accumulators as the run ends, and fresh sums start the next.
+        run = self.sum_run if self.scale_sums and self.sum_run is not None and self.sum_run < lay.tiles else None
+        assert run is None or (not more and lay.tiles % run == 0), "groups shorter than a vector: one vector a step"
+
+        def fresh() -> tuple[list[Value], list[Value] | None]:
+            return ([b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs], self.zero_xsums())
+
+        new, xsums = fresh() if self.scale_sums else (list(accs), None)
         for words, meta, b_frags_for in [(words, meta, b_frags_for), *more]:
             caches: list[dict] = [{} for _ in range(self.nsub)]  # scattered: per N tile's vector
             for s_ in range(lay.tiles):
@@ -268,33 +272,13 @@ class StreamFamily(ScatterFragments):
                                              {"selector": s_ % 2}, hint="acc")
                         else:
                             new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
+                if run is not None and (s_ + 1) % run == 0:
+                    accs = self.flush_sums(accs, new, xsums, params_for, s_ + 1 - run)
+                    if s_ + 1 < lay.tiles:
+                        new, xsums = fresh()
         if not self.scale_sums:
             return new
-        return self.flush_sums(accs, new, xsums, params_for, 0)
-
-    def mma_group_runs(self, accs: list[Value], words: list[Value], meta: list[Value],
-                       b_frags_for: Callable[[int], list[Value]],
-                       params_for: Callable[[int, int], dict[int, GroupValues]]) -> list[Value]:
-        """`mma_k_tiles` with scale groups shorter than the vector: each run of `sum_run` K
-        tiles (one group) sums into fresh fragments, then adds them scaled to the accumulators."""
-        b, lay = self.b, self.layout
-        run = self.sum_run
-        assert run is not None and lay.tiles % run == 0
-        out = list(accs)
-        for first in range(0, lay.tiles, run):
-            new = [b.value("frag_zero", [], self.frag_c, hint="sum") for _ in accs]
-            xsums = self.zero_xsums()
-            for s_ in range(first, first + run):
-                b_frags = b_frags_for(s_)
-                if xsums is not None:
-                    xsums = self.add_xsums(xsums, b_frags)
-                for j in range(self.nsub):
-                    a = self.a_fragment(words[j], s_, params_for(j, s_))
-                    for mt in range(self.msub):
-                        i = j * self.msub + mt
-                        new[i] = b.value("mma", [a, b_frags[mt], new[i]], self.frag_c, hint="acc")
-            out = self.flush_sums(out, new, xsums, params_for, first)
-        return out
+        return accs if run is not None else self.flush_sums(accs, new, xsums, params_for, 0)
 
     def zero_xsums(self) -> list[Value] | None:
         """Per M tile, fresh sums of x over the run's K (a bias per group needs them), or None."""
